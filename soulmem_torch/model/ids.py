@@ -1,0 +1,96 @@
+"""``MemoryId`` and ``LinkId``: UUID v4 newtypes (SPEC §1).
+
+Hashable, ordered, printable; their JSON form is the bare UUID string. A ``MemoryId`` never
+compares equal to a ``LinkId`` with the same bits: they name different things.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic_core import core_schema
+
+__all__ = ["LinkId", "MemoryId"]
+
+
+class _UuidNewtype(uuid.UUID):
+    """A UUID subclass that only equals instances of the same newtype."""
+
+    __slots__ = ()
+
+    def __init__(self, value: str | uuid.UUID | None = None) -> None:
+        if value is None:
+            value = uuid.uuid4()
+        if isinstance(value, uuid.UUID):
+            super().__init__(int=value.int)
+            return
+        if not isinstance(value, str):
+            raise TypeError(
+                f"{type(self).__name__}: expected a UUID string or uuid.UUID, "
+                f"found {type(value).__name__}"
+            )
+        super().__init__(value)
+
+    @classmethod
+    def new(cls) -> _UuidNewtype:
+        """A fresh random (v4) id."""
+        return cls(uuid.uuid4())
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is type(self):
+            return self.int == other.int  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.int))
+
+    def __lt__(self, other: object) -> bool:
+        if type(other) is type(self):
+            return self.int < other.int  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}('{self}')"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self),))
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        def parse(value: Any) -> Any:
+            if isinstance(value, cls):
+                return value
+            if isinstance(value, uuid.UUID):
+                return cls(value)
+            if isinstance(value, str):
+                try:
+                    return cls(value)
+                except ValueError:
+                    raise ValueError(f"expected a UUID string, found {value!r}") from None
+            raise ValueError(f"expected a UUID string, found {type(value).__name__}")
+
+        return core_schema.no_info_plain_validator_function(
+            parse, serialization=core_schema.to_string_ser_schema()
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        return {"type": "string", "format": "uuid"}
+
+
+class MemoryId(_UuidNewtype):
+    """Id of a memory note (UUID v4). ``MemoryId()`` makes a fresh one."""
+
+    __slots__ = ()
+
+
+class LinkId(_UuidNewtype):
+    """Id of a memory link (UUID v4). ``LinkId()`` makes a fresh one."""
+
+    __slots__ = ()
