@@ -1,0 +1,19 @@
+"""Benchmark fixtures: devices and CUDA synchronization."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def sync(device: torch.device | str) -> None:
+    """Waits for queued CUDA work so the timed call measures it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+@pytest.fixture(params=DEVICES)
+def bench_device(request: pytest.FixtureRequest) -> torch.device:
+    return torch.device(request.param)

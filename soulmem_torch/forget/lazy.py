@@ -1,0 +1,330 @@
+"""Lazy forgetting of one note (SPEC §8 ``lazy_forget``): mask, then let the LLM fill the gaps.
+
+Only a ``SpecificSituation`` (its ``narrative``) and a ``Semantic`` note (its ``content``) are
+forgotten. With the missing degree ``md`` of the note (``1 - R``, see :mod:`.decay`):
+
+* ``md < MASK_THRESHOLD`` (0.05) → :class:`NoAction`;
+* ``md < REVISE_THRESHOLD`` (0.15) → the masked text is written → :class:`MaskOnly`;
+* otherwise the injected LLM reconstructs the masked text; its reply is written →
+  :class:`Revised`. **DECISION:** an LLM that raises, times out, answers something that is not
+  a string, or answers only whitespace is a failure: the masked text is written instead →
+  :class:`MaskOnly` with ``llm_error`` set (the original would write an empty reply over the
+  memory).
+
+Every action carries the text as it was before (``old_summary``), so nothing is lost without a
+trace. Thresholds are compared in float32, as the original compares its f32 values.
+
+The LLM is any callable ``(system, user) -> Awaitable[str]`` (a plain ``str`` return value is
+accepted too); soulmem_torch never builds a client itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeAlias
+
+from soulmem_torch.errors import LLMError, ValidationError
+from soulmem_torch.forget.decay import (
+    DEFAULT_ACTIVE_FACTOR,
+    DEFAULT_BASE_HALF_LIFE_HOURS,
+    DEFAULT_MAX_ACTIVATION_CAP,
+    compute_missing_degree,
+)
+from soulmem_torch.forget.mask import mask_text
+from soulmem_torch.model import SemMemory, SpecificSituation
+
+__all__ = [
+    "MASK_THRESHOLD",
+    "RECONSTRUCT_SYSTEM_PROMPT",
+    "REVISE_THRESHOLD",
+    "ForgetAction",
+    "LLMCallable",
+    "MaskOnly",
+    "NoAction",
+    "Revised",
+    "build_reconstruct_prompt",
+    "call_llm",
+    "get_summary",
+    "lazy_forget",
+    "set_summary",
+]
+
+MASK_THRESHOLD: float = 0.05
+"""Below this missing degree nothing is forgotten (compared as float32)."""
+REVISE_THRESHOLD: float = 0.15
+"""From this missing degree on, the LLM reconstructs the masked text (compared as float32)."""
+
+LLMCallable: TypeAlias = Callable[[str, str], Awaitable[str]]
+"""An injected LLM: ``async (system, user) -> reply``."""
+
+RECONSTRUCT_SYSTEM_PROMPT: str = (
+    "You are a memory reconstruction assistant. A memory text has been partially masked: "
+    "some of its words were replaced by [masked] placeholders. Using the remaining words as "
+    "context, infer the missing words and fill in every [masked] part so that the text reads "
+    "naturally, in the same language and style as the rest of the text. Output only the "
+    "completed text, with no explanation, quotes or labels."
+)
+"""Default system message of the reconstruction call; the user message is
+``"Masked text: " + masked_text``."""
+
+
+# -------------------------------------------------------------------------------------------
+# actions
+# -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NoAction:
+    """Nothing was forgotten: the kind is not forgettable or ``md < MASK_THRESHOLD``.
+
+    Attributes:
+        old_summary: the note's text (unchanged); ``None`` for a kind without one.
+        missing_degree: the note's missing degree.
+    """
+
+    old_summary: str | None = None
+    missing_degree: float = 0.0
+
+
+@dataclass(frozen=True)
+class MaskOnly:
+    """The masked text was written over the note's text (no LLM, or the LLM failed).
+
+    Attributes:
+        missing_degree: the note's missing degree.
+        masked_count: number of masked tokens.
+        masked_text: the text now stored in the note.
+        old_summary: the text before forgetting.
+        llm_error: why the LLM's reconstruction was not used; ``None`` when the LLM was not
+            called (``md < REVISE_THRESHOLD``).
+    """
+
+    missing_degree: float
+    masked_count: int
+    masked_text: str
+    old_summary: str
+    llm_error: str | None = None
+
+
+@dataclass(frozen=True)
+class Revised:
+    """The LLM's reconstruction of the masked text was written over the note's text.
+
+    Attributes:
+        old_summary: the text before forgetting.
+        new_summary: the text now stored in the note (the LLM's reply, stripped).
+        masked_text: what the LLM was shown.
+        missing_degree: the note's missing degree.
+        masked_count: number of masked tokens.
+    """
+
+    old_summary: str
+    new_summary: str
+    masked_text: str
+    missing_degree: float
+    masked_count: int
+
+
+ForgetAction: TypeAlias = NoAction | MaskOnly | Revised
+"""The outcome of :func:`lazy_forget`."""
+
+
+# -------------------------------------------------------------------------------------------
+# note text
+# -------------------------------------------------------------------------------------------
+def _as_note(item: Any) -> Any:
+    return getattr(item, "note", item)
+
+
+def get_summary(note: Any) -> str | None:
+    """The forgettable text: a SpecificSituation's ``narrative``, a Semantic note's ``content``,
+    else ``None``."""
+    mem_type = _as_note(note).mem_type
+    if isinstance(mem_type, SpecificSituation):
+        return mem_type.narrative
+    if isinstance(mem_type, SemMemory):
+        return mem_type.content
+    return None
+
+
+def set_summary(note: Any, text: str) -> None:
+    """Writes ``text`` as the narrative / content.
+
+    Raises:
+        ValidationError: the note is neither a SpecificSituation nor a Semantic note.
+    """
+    note = _as_note(note)
+    mem_type = note.mem_type
+    if isinstance(mem_type, SpecificSituation):
+        mem_type.narrative = text
+    elif isinstance(mem_type, SemMemory):
+        mem_type.content = text
+    else:
+        raise ValidationError(
+            f"note: expected a SpecificSituation or Semantic note, found {type(mem_type).__name__}"
+        )
+
+
+# -------------------------------------------------------------------------------------------
+# LLM call
+# -------------------------------------------------------------------------------------------
+def _check_timeout(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout < math.inf
+    ):
+        raise ValidationError(
+            f"timeout: expected None or a finite number of seconds > 0, found {timeout!r}"
+        )
+    return float(timeout)
+
+
+async def _invoke(llm: Callable[[str, str], Any], system: str, user: str) -> Any:
+    result = llm(system, user)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+async def call_llm(
+    llm: Callable[[str, str], Any],
+    system: str,
+    user: str,
+    *,
+    timeout: float | None = None,
+    require_text: bool = True,
+) -> str:
+    """Calls the injected LLM once, turning every failure into :class:`LLMError`.
+
+    Args:
+        llm: ``(system, user) -> Awaitable[str]`` (or ``-> str``).
+        system: the system message.
+        user: the user message.
+        timeout: seconds (> 0) before the call is cancelled; ``None`` = no limit.
+        require_text: an answer of only whitespace is a failure too.
+
+    Returns:
+        The reply.
+
+    Raises:
+        LLMError: the LLM raised, timed out, returned a non-string or (with ``require_text``)
+            only whitespace. Cancellation of the caller is not caught.
+    """
+    timeout = _check_timeout(timeout)
+    if llm is None or not callable(llm):
+        raise LLMError(f"llm: expected an async callable (system, user) -> str, found {llm!r}")
+    try:
+        if timeout is None:
+            reply = await _invoke(llm, system, user)
+        else:
+            reply = await asyncio.wait_for(_invoke(llm, system, user), timeout)
+    except asyncio.TimeoutError:
+        raise LLMError(f"llm: no reply within the timeout of {timeout:g} s") from None
+    except Exception as exc:
+        raise LLMError(f"llm: the call raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(reply, str):
+        raise LLMError(f"llm: expected a str reply, found {type(reply).__name__}")
+    if require_text and not reply.strip():
+        raise LLMError(f"llm: expected a non-empty reply, found {reply!r}")
+    return reply
+
+
+def build_reconstruct_prompt(masked_text: str, system_prompt: str | None = None) -> tuple[str, str]:
+    """``(system, user)`` of the reconstruction call: ``user = "Masked text: " + masked_text``."""
+    system = RECONSTRUCT_SYSTEM_PROMPT if system_prompt is None else system_prompt
+    return system, "Masked text: " + masked_text
+
+
+# -------------------------------------------------------------------------------------------
+# lazy_forget
+# -------------------------------------------------------------------------------------------
+def _f32(value: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+def _check_md(missing_degree: Any) -> float:
+    number = isinstance(missing_degree, (int, float)) and not isinstance(missing_degree, bool)
+    if not (number and math.isfinite(missing_degree)):
+        raise ValidationError(f"missing_degree: expected a finite number, found {missing_degree!r}")
+    return float(missing_degree)
+
+
+async def lazy_forget(
+    note: Any,
+    now: datetime | int | None = None,
+    tokenizer: Any = None,
+    llm: Callable[[str, str], Any] | None = None,
+    *,
+    system_prompt: str | None = None,
+    timeout: float | None = None,
+    missing_degree: float | None = None,
+    base_half_life_hours: float = DEFAULT_BASE_HALF_LIFE_HOURS,
+    active_factor: float = DEFAULT_ACTIVE_FACTOR,
+    max_activation_cap: int = DEFAULT_MAX_ACTIVATION_CAP,
+) -> ForgetAction:
+    """Forgets part of a note's text according to its missing degree (mutates ``note``).
+
+    Args:
+        note: a ``MemoryNote`` (or an ``EmbeddedMemoryNote``; its ``.note`` is used).
+        now: aware datetime (or int ns); ``None`` = the current time.
+        tokenizer: ``None`` (shared jieba tokenizer), a ``jieba.Tokenizer`` or a callable
+            ``str -> Sequence[str]``; see :func:`~soulmem_torch.forget.mask.resolve_tokenizer`.
+        llm: ``async (system, user) -> str``. ``None``: notes that need the LLM are only masked
+            (``MaskOnly`` with ``llm_error``).
+        system_prompt: replaces :data:`RECONSTRUCT_SYSTEM_PROMPT`.
+        timeout: seconds (> 0) the LLM may take; ``None`` = no limit.
+        missing_degree: use this degree instead of computing it (e.g. from
+            :func:`~soulmem_torch.forget.decay.missing_degree_batch`).
+        base_half_life_hours, active_factor, max_activation_cap: decay parameters, see
+            :func:`~soulmem_torch.forget.decay.ebbinghaus_decay`.
+
+    Returns:
+        :class:`NoAction`, :class:`MaskOnly` or :class:`Revised`; never raises for an LLM
+        failure.
+
+    Raises:
+        ValidationError: bad ``now``, ``timeout``, ``missing_degree`` or tokenizer.
+    """
+    note = _as_note(note)
+    timeout = _check_timeout(timeout)
+    if missing_degree is None:
+        md = compute_missing_degree(
+            note.create_time,
+            note.retrieval_count,
+            now,
+            base_half_life_hours,
+            active_factor,
+            max_activation_cap,
+        )
+    else:
+        md = _check_md(missing_degree)
+    old = get_summary(note)
+    if old is None or _f32(md) < _f32(MASK_THRESHOLD):
+        return NoAction(old, md)
+
+    mask = mask_text(old, md, tokenizer)
+    if _f32(md) < _f32(REVISE_THRESHOLD):
+        set_summary(note, mask.masked_text)
+        return MaskOnly(md, mask.masked_count, mask.masked_text, old)
+
+    if llm is None:
+        error = "llm: none given, the masked text was kept"
+    else:
+        system, user = build_reconstruct_prompt(mask.masked_text, system_prompt)
+        try:
+            reply = await call_llm(llm, system, user, timeout=timeout)
+        except LLMError as exc:
+            error = str(exc)
+        else:
+            new = reply.strip()
+            set_summary(note, new)
+            return Revised(old, new, mask.masked_text, md, mask.masked_count)
+    set_summary(note, mask.masked_text)
+    return MaskOnly(md, mask.masked_count, mask.masked_text, old, error)
