@@ -27,7 +27,11 @@ class F32Float(float):
 
 
 def _to_f32(x: float) -> float:
-    return struct.unpack("<f", struct.pack("<f", x))[0]
+    """Rounds to the nearest float32 (±inf beyond its range, as a Rust ``as f32`` cast)."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
 
 
 def _shortest_f32_digits(x: float) -> tuple[str, int]:
@@ -106,6 +110,8 @@ def f32_round(x: float) -> float:
     """The Python float equal to the shortest decimal of ``float32(x)`` (what Rust keeps)."""
     if not math.isfinite(x):
         return x
+    if not math.isfinite(_to_f32(x)):
+        raise ValueError(f"{x!r} is outside the float32 range (|x| <= 3.4028235e38)")
     return float(format_f32(x))
 
 
