@@ -1,20 +1,52 @@
-"""Field layout of a note's embedding (SPEC §3), shared by the embedder, the graph and the kernels.
+"""Field layout of note and query embeddings (SPEC §3), shared by the embedder, graph and kernels.
 
 Every note kind stores a tag vector plus a fixed set of named field vectors. ``FIELD_NAMES`` is
 the column order of ``MemoryGraph.field_emb`` ``(N, F, D)`` / ``field_mask`` ``(N, F)``.
+``QUERY_FIELD_NAMES`` is the column order of a query batch's ``field`` ``(B, U, Q, D)`` /
+``field_mask`` ``(B, U, Q)`` (one row per query unit).
+
+Which note fields a note has:
+
+=======================  =====================================================================
+note kind                fields
+=======================  =====================================================================
+Semantic                 ``content``, ``aliases``, ``description``
+SpecificSituation        ``narrative``, ``environment_*``; ``location_*`` if it has a location;
+                         ``participant_*`` if it has participants; ``event_*`` if it has events
+AbstractSituation        the fields of its one leaf plus ``fused_self``
+Procedure                none
+=======================  =====================================================================
+
+The leaf kind of an abstract note is the leaf whose fields are present (``location_name``,
+``participant_name``, ``environment_atmosphere`` or ``event_action``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
+
+from soulmem_torch.errors import ValidationError
 
 if TYPE_CHECKING:
     from soulmem_torch.model import MemoryNote
 
-__all__ = ["FIELD_INDEX", "FIELD_NAMES", "EmbeddedMemoryNote", "MemoryEmbedding"]
+__all__ = [
+    "FIELD_INDEX",
+    "FIELD_NAMES",
+    "QUERY_FIELD_INDEX",
+    "QUERY_FIELD_NAMES",
+    "QUERY_SEMANTIC",
+    "QUERY_SITUATION",
+    "EmbeddedMemoryNote",
+    "MemoryEmbedding",
+    "stack_field_embeddings",
+    "stack_plain_embeddings",
+]
 
 FIELD_NAMES: tuple[str, ...] = (
     # Semantic
@@ -38,20 +70,135 @@ FIELD_NAMES: tuple[str, ...] = (
 )
 FIELD_INDEX: dict[str, int] = {name: i for i, name in enumerate(FIELD_NAMES)}
 
+QUERY_FIELD_NAMES: tuple[str, ...] = (
+    # SemanticQueryUnit
+    "concept",
+    "description",
+    # SituationQueryUnit (several locations / participants / events are mean-pooled per field)
+    "narrative",
+    "location_name",
+    "location_coordinates",
+    "participant_name",
+    "participant_role",
+    "environment_atmosphere",
+    "environment_tone",
+    "event_action",
+    "event_initiator",
+    "event_target",
+)
+QUERY_FIELD_INDEX: dict[str, int] = {name: i for i, name in enumerate(QUERY_FIELD_NAMES)}
+
+# query ``kind`` codes (the variant of ``MemoryRetrieveQuery``)
+QUERY_SEMANTIC = 0
+QUERY_SITUATION = 1
+
+
+def _check_vector(what: str, value: Any, dim: int | None) -> Tensor:
+    """A 1-D finite float tensor (numpy arrays and lists are converted); returns it."""
+    if not isinstance(value, Tensor):
+        try:
+            value = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValidationError(
+                f"{what}: expected a 1-D float tensor, found {type(value).__name__}"
+            ) from None
+    if value.dim() != 1 or not value.is_floating_point():
+        raise ValidationError(
+            f"{what}: expected a 1-D float tensor, found shape {tuple(value.shape)} of {value.dtype}"
+        )
+    if dim is not None and value.shape[0] != dim:
+        raise ValidationError(f"{what}: expected width {dim}, found {value.shape[0]}")
+    if value.numel() and not bool(torch.isfinite(value).all()):
+        pos = int((~torch.isfinite(value)).nonzero()[0, 0])
+        raise ValidationError(
+            f"{what}: expected finite values, found {value[pos].item()!r} at index {pos}"
+        )
+    return value
+
 
 @dataclass
 class MemoryEmbedding:
     """A note's embedding: ``tag`` (D,) plus named field vectors (each (D,)).
 
-    Absent fields are simply missing from ``fields`` (a Procedure has none).
+    Absent fields are simply missing from ``fields`` (a Procedure has none). The constructor does
+    not validate (stores and clusters validate on entry); :meth:`from_vector`, :meth:`from_fields`
+    and :meth:`validate` do.
+
+    **Plain mode** (one vector per note, plain cosine): the single vector is stored as ``tag``
+    with no fields (:meth:`from_vector`); :func:`stack_plain_embeddings` stacks those rows.
+
+    Example:
+        >>> import torch
+        >>> e = MemoryEmbedding.from_fields(torch.ones(4), {"content": torch.zeros(4)})
+        >>> e.dim, sorted(e.fields)
+        (4, ['content'])
     """
 
-    tag: torch.Tensor
-    fields: dict[str, torch.Tensor] = field(default_factory=dict)
+    tag: Tensor
+    fields: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def dim(self) -> int:
         return int(self.tag.shape[-1])
+
+    # -- validated construction ------------------------------------------------------------
+    @classmethod
+    def from_vector(cls, vector: Any, *, dim: int | None = None) -> MemoryEmbedding:
+        """Plain mode: one user-supplied vector (D,) per note, stored as float32 ``tag``.
+
+        Raises:
+            ValidationError: not 1-D float, wrong width (when ``dim`` is given), NaN / inf.
+        """
+        vec = _check_vector("vector", vector, dim)
+        return cls(tag=vec.detach().to(torch.float32), fields={})
+
+    @classmethod
+    def from_fields(
+        cls, tag: Any, fields: Mapping[str, Any] | None = None, *, dim: int | None = None
+    ) -> MemoryEmbedding:
+        """From user-supplied vectors: ``tag`` (D,) and ``{field name: (D,)}``, as float32.
+
+        Field names must be in ``FIELD_NAMES``. A zero ``tag`` means "no tags".
+
+        Raises:
+            ValidationError: naming the field, on an unknown name, a non 1-D / non-float vector,
+                a width different from ``dim`` (or from the tag's), NaN or inf.
+        """
+        tag_t = _check_vector("tag", tag, dim)
+        width = int(tag_t.shape[0])
+        out: dict[str, Tensor] = {}
+        for name, vec in (fields or {}).items():
+            if name not in FIELD_INDEX:
+                raise ValidationError(
+                    f"fields[{name!r}]: expected a name in FIELD_NAMES {FIELD_NAMES}, found an "
+                    "unknown field"
+                )
+            out[name] = _check_vector(f"fields[{name!r}]", vec, width).detach().to(torch.float32)
+        return cls(tag=tag_t.detach().to(torch.float32), fields=out)
+
+    def validate(self, *, dim: int | None = None, where: str = "embedding") -> MemoryEmbedding:
+        """Checks widths, finiteness and field names; returns ``self``.
+
+        Raises:
+            ValidationError: naming ``where`` and the field.
+        """
+        tag_t = _check_vector(f"{where}.tag", self.tag, dim)
+        width = int(tag_t.shape[0])
+        for name, vec in self.fields.items():
+            if name not in FIELD_INDEX:
+                raise ValidationError(
+                    f"{where}.fields[{name!r}]: expected a name in FIELD_NAMES, found an unknown "
+                    "field"
+                )
+            _check_vector(f"{where}.fields[{name!r}]", vec, width)
+        return self
+
+    def to(self, *args: Any, **kwargs: Any) -> MemoryEmbedding:
+        """A copy with every vector moved / cast (``tensor.to`` arguments)."""
+        return MemoryEmbedding(
+            tag=self.tag.to(*args, **kwargs),
+            fields={k: v.to(*args, **kwargs) for k, v in self.fields.items()},
+        )
 
 
 @dataclass
@@ -64,3 +211,113 @@ class EmbeddedMemoryNote:
 
     note: MemoryNote
     embedding: MemoryEmbedding | None = None
+
+
+# -------------------------------------------------------------------------------------------
+# stacking into graph tensors
+# -------------------------------------------------------------------------------------------
+def _infer_dim(embeddings: Sequence[MemoryEmbedding | None], dim: int | None) -> int:
+    if dim is not None:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+            raise ValidationError(f"dim: expected an int > 0, found {dim!r}")
+        return dim
+    for emb in embeddings:
+        if emb is not None:
+            return emb.dim
+    raise ValidationError("dim: no embedding to take the width from; pass dim explicitly")
+
+
+def stack_field_embeddings(
+    embeddings: Sequence[MemoryEmbedding | None], dim: int | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Stacks per-note embeddings into the graph's float32 field tensors (on the CPU).
+
+    Args:
+        embeddings: length N. One ``MemoryEmbedding`` or ``None`` (no embedding) per note.
+        dim: > 0. Embedding width ``D``; ``None`` = the first embedding's width.
+
+    Returns:
+        ``(tag_emb (N, D) f32, tag_mask (N,) bool, field_emb (N, F, D) f32,
+        field_mask (N, F) bool)`` with ``F = len(FIELD_NAMES)``. ``tag_mask[i]`` is True iff note
+        ``i`` has an embedding (its tag row may still be the zero vector: "no tags"); absent
+        rows and fields are zeros / False. Field names outside ``FIELD_NAMES`` are ignored.
+
+    Raises:
+        ValidationError: naming the note and field, on a wrong width or a NaN / inf value.
+    """
+    n, f = len(embeddings), len(FIELD_NAMES)
+    d = _infer_dim(embeddings, dim) if n else (dim or 0)
+    rows: list[int] = []
+    tags: list[Tensor] = []
+    cells: list[int] = []
+    vectors: list[Tensor] = []
+    for i, emb in enumerate(embeddings):
+        if emb is None:
+            continue
+        if not isinstance(emb, MemoryEmbedding):
+            raise ValidationError(
+                f"embeddings[{i}]: expected a MemoryEmbedding or None, found {type(emb).__name__}"
+            )
+        rows.append(i)
+        tags.append(_check_vector(f"embeddings[{i}].tag", emb.tag, d).detach())
+        for name, vec in emb.fields.items():
+            j = FIELD_INDEX.get(name)
+            if j is None:
+                continue
+            cells.append(i * f + j)
+            vectors.append(_check_vector(f"embeddings[{i}].fields[{name!r}]", vec, d).detach())
+    tag_emb = torch.zeros(n, d, dtype=torch.float32)
+    tag_mask = torch.zeros(n, dtype=torch.bool)
+    field_emb = torch.zeros(n, f, d, dtype=torch.float32)
+    field_mask = torch.zeros(n, f, dtype=torch.bool)
+    if rows:
+        index = torch.tensor(rows, dtype=torch.long)
+        tag_emb[index] = torch.stack([t.to("cpu", torch.float32) for t in tags])
+        tag_mask[index] = True
+    if cells:
+        index = torch.tensor(cells, dtype=torch.long)
+        field_emb.view(n * f, d)[index] = torch.stack(
+            [v.to("cpu", torch.float32) for v in vectors]
+        )
+        field_mask.view(n * f)[index] = True
+    return tag_emb, tag_mask, field_emb, field_mask
+
+
+def stack_plain_embeddings(
+    embeddings: Sequence[MemoryEmbedding | None], dim: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Plain mode: stacks each note's single vector (its ``tag``) into ``x``.
+
+    Args:
+        embeddings: length N. ``MemoryEmbedding`` (see :meth:`MemoryEmbedding.from_vector`) or
+            ``None``.
+        dim: > 0. Width ``D``; ``None`` = the first embedding's width.
+
+    Returns:
+        ``(x (N, D) f32, mask (N,) bool)`` on the CPU; rows without an embedding are zeros /
+        False (their cosine is 0).
+    """
+    tag_emb, tag_mask, _, _ = _stack_tags_only(embeddings, dim)
+    return tag_emb, tag_mask
+
+
+def _stack_tags_only(
+    embeddings: Sequence[MemoryEmbedding | None], dim: int | None
+) -> tuple[Tensor, Tensor, None, None]:
+    n = len(embeddings)
+    d = _infer_dim(embeddings, dim) if n else (dim or 0)
+    x = torch.zeros(n, d, dtype=torch.float32)
+    mask = torch.zeros(n, dtype=torch.bool)
+    rows = [i for i, e in enumerate(embeddings) if e is not None]
+    if rows:
+        vecs = [
+            _check_vector(f"embeddings[{i}].tag", embeddings[i].tag, d)  # type: ignore[union-attr]
+            .detach()
+            .to("cpu", torch.float32)
+            for i in rows
+        ]
+        index = torch.tensor(rows, dtype=torch.long)
+        x[index] = torch.stack(vecs)
+        mask[index] = True
+    return x, mask, None, None
+

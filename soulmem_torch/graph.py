@@ -1,0 +1,758 @@
+"""``MemoryGraph``: the tensor snapshot of a memory cluster, as a ``torch_geometric.data.Data``.
+
+The snapshot is what every kernel reads (SPEC §5–6): edges in CSR order by source, their link
+kind, intensity, confidence and probability, node types with masks, and the field embeddings
+with presence masks. Build it from a cluster (:meth:`MemoryGraph.from_cluster`, or
+``cluster.graph()``, which caches it per version and device) or straight from tensors
+(:meth:`MemoryGraph.from_tensors`) for synthetic graphs with millions of edges.
+
+Tensors (``N`` nodes, ``E`` edges, ``F = len(FIELD_NAMES)`` fields, ``D`` embedding width):
+
+=====================  ==============  ============================================================
+key                    shape/dtype     meaning
+=====================  ==============  ============================================================
+``edge_index``         (2, E) i64      source / target; sorted by source, **stable** (CSR order)
+``rowptr``             (N+1,) i64      ``rowptr[u]:rowptr[u+1]`` are ``u``'s out-edges
+``edge_kind``          (E,) i64        ``LINK_*`` code (``functional.codes``)
+``intensity``          (E,) f64        link intensity (finite, >= 0)
+``confidence``         (E,) f32        Sem-link confidence in [0, 1]; 0 for other kinds
+``prob``               (E,) f64        TrigToAction probability in [0, 1]; 0 for other kinds
+``node_type``          (N,) i64        ``NODE_*`` code
+``is_semantic``        (N,) bool       ``node_type == NODE_SEMANTIC``; also ``is_specific``,
+                                       ``is_abstract``, ``is_procedure``
+``tag_emb``            (N, D) f32      tag vector (zeros where absent); ``None`` if no note has one
+``tag_mask``           (N,) bool       note has an embedding
+``field_emb``          (N, F, D) f32   field vectors in ``FIELD_NAMES`` order (zeros where absent)
+``field_mask``         (N, F) bool     field present
+``create_time_ns``     (N,) i64        note creation time, ns since the Unix epoch
+``retrieval_count``    (N,) i64        the note's own retrieval count
+=====================  ==============  ============================================================
+
+Within one source, edges keep the cluster's link insertion order (a stable sort), so the
+sequential PPR oracle can visit them newest first by reversing each row.
+
+Besides the tensors, a snapshot carries plain-Python bookkeeping that PyG does not see:
+``ids`` / ``index_of`` (node index ↔ ``MemoryId``), ``link_ids`` (per CSR edge), ``version``
+(the cluster version it was built from) and ``cache`` (a dict where callers memoize derived
+operators, e.g. PPR transition matrices per preference).
+
+**Why a subclass of ``Data``** (and not a wrapper): a snapshot *is* a graph — PyG utilities,
+``validate()``, samplers and user code take it as a plain ``Data`` without unwrapping. Two
+deliberate differences from ``Data``: ``to`` / ``cpu`` / ``cuda`` return a **new** snapshot and
+never move one in place (snapshots are shared through the cluster's cache), and ``cache`` is
+emptied on every copy, move, ``apply`` and pickle, because what it holds belongs to one device
+and one set of tensors. PyG's structural helpers (``subgraph``, ``edge_subgraph``, batching)
+return objects whose ``rowptr`` and id maps are not updated: rebuild with :meth:`from_tensors`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import operator
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from soulmem_torch.embedding.fields import FIELD_INDEX, FIELD_NAMES, MemoryEmbedding
+from soulmem_torch.errors import DeviceResolutionError, NotFoundError, ValidationError
+from soulmem_torch.functional.codes import (
+    LINK_PROC,
+    LINK_SEM,
+    LINK_SIT_ABSTRACT_TO_SPECIFIC,
+    LINK_SIT_SPECIFIC_TO_ABSTRACT,
+    NODE_ABSTRACT,
+    NODE_PROCEDURE,
+    NODE_SEMANTIC,
+    NODE_SPECIFIC,
+)
+from soulmem_torch.model.ids import LinkId, MemoryId
+from soulmem_torch.model.links import (
+    AbstractToSpecific,
+    SemMemLink,
+    SpecificToAbstract,
+    TrigToAction,
+)
+
+if TYPE_CHECKING:
+    from soulmem_torch.runtime.cluster import MemoryCluster
+
+__all__ = ["MemoryGraph"]
+
+_I64 = torch.int64
+_F64 = torch.float64
+_F32 = torch.float32
+
+_NODE_CODES = {
+    "Semantic": NODE_SEMANTIC,
+    "SpecificSituation": NODE_SPECIFIC,
+    "AbstractSituation": NODE_ABSTRACT,
+    "Procedure": NODE_PROCEDURE,
+}
+_LINK_CODES: dict[type, int] = {
+    TrigToAction: LINK_PROC,
+    SemMemLink: LINK_SEM,
+    AbstractToSpecific: LINK_SIT_ABSTRACT_TO_SPECIFIC,
+    SpecificToAbstract: LINK_SIT_SPECIFIC_TO_ABSTRACT,
+}
+_NODE_CODE_SET = (NODE_SEMANTIC, NODE_SPECIFIC, NODE_ABSTRACT, NODE_PROCEDURE)
+_LINK_CODE_SET = (LINK_PROC, LINK_SEM, LINK_SIT_ABSTRACT_TO_SPECIFIC, LINK_SIT_SPECIFIC_TO_ABSTRACT)
+_OPTIONAL_KEYS = frozenset({"tag_emb", "tag_mask", "field_emb", "field_mask"})
+
+
+# -------------------------------------------------------------------------------------------
+# device resolution (entry points only)
+# -------------------------------------------------------------------------------------------
+def _resolve_device(device: torch.device | str | int | None) -> torch.device:
+    """``None`` -> CPU; ``"auto"`` -> CUDA if available else CPU; otherwise ``torch.device``.
+
+    A CUDA device without CUDA is a ``DeviceResolutionError``. ``"cuda"`` is normalized to
+    ``cuda:<current>`` so cache keys agree.
+    """
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, str) and device == "auto":
+        return _resolve_device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise DeviceResolutionError(
+            f"device: expected None, 'auto', 'cpu', 'cuda[:n]' or a torch.device, found {device!r}"
+        ) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceResolutionError(f"device: {device!r} requested but CUDA is not available")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+# -------------------------------------------------------------------------------------------
+# validators (boundary only)
+# -------------------------------------------------------------------------------------------
+def _shape(value: Any) -> str:
+    return str(tuple(value.shape)) if isinstance(value, Tensor) else type(value).__name__
+
+
+def _check_tensor(name: str, value: Any, shape: tuple[int, ...], kind: str) -> Tensor:
+    """``kind``: ``"int"`` (integer, not bool), ``"float"`` or ``"bool"``."""
+    if not isinstance(value, Tensor):
+        raise ValidationError(f"{name}: expected a tensor of shape {shape}, found {_shape(value)}")
+    if tuple(value.shape) != shape:
+        raise ValidationError(f"{name}: expected shape {shape}, found {tuple(value.shape)}")
+    dtype = value.dtype
+    ok = {
+        "int": not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool,
+        "float": dtype.is_floating_point,
+        "bool": dtype == torch.bool,
+    }[kind]
+    if not ok:
+        expected = {"int": "an integer", "float": "a floating-point", "bool": "a bool"}[kind]
+        raise ValidationError(f"{name}: expected {expected} tensor, found {dtype}")
+    return value
+
+
+def _first_bad(name: str, bad: Tensor, values: Tensor, what: str, expectation: str) -> None:
+    if bool(bad.any()):
+        pos = int(bad.nonzero()[0, 0])
+        raise ValidationError(
+            f"{name}: expected {expectation}, found {values[pos].item()!r} at {what} {pos}"
+        )
+
+
+def _check_codes(name: str, value: Tensor, allowed: tuple[int, ...], what: str) -> None:
+    """``allowed`` is a contiguous range of codes: one ``aminmax`` pass on the happy path."""
+    if value.numel() == 0:
+        return
+    lo, hi = (int(v) for v in torch.aminmax(value))
+    if lo >= allowed[0] and hi <= allowed[-1]:
+        return
+    _first_bad(
+        name, (value < allowed[0]) | (value > allowed[-1]), value, what, f"codes in {allowed}"
+    )
+
+
+def _check_range(
+    name: str, value: Tensor, what: str, *, low: float = 0.0, high: float | None = None
+) -> None:
+    """Finite and in ``[low, high]``: one ``aminmax`` pass on the happy path (NaN propagates)."""
+    if value.numel() == 0:
+        return
+    lo, hi = (float(v) for v in torch.aminmax(value))
+    if lo >= low and math.isfinite(hi) and (high is None or hi <= high):
+        return
+    expectation = (
+        f"finite values in [{low}, {high}]" if high is not None else f"finite values >= {low}"
+    )
+    bad = ~torch.isfinite(value) | (value < low)
+    if high is not None:
+        bad |= value > high
+    _first_bad(name, bad, value, what, expectation)
+
+
+def _check_finite(name: str, value: Tensor) -> None:
+    """All finite. Fast path: a finite sum (NaN / inf propagate; an overflow falls through)."""
+    if value.numel() == 0 or math.isfinite(float(value.sum(dtype=torch.float64))):
+        return
+    finite = torch.isfinite(value)
+    if not bool(finite.all()):
+        pos = tuple(int(i) for i in (~finite).nonzero()[0])
+        raise ValidationError(
+            f"{name}: expected finite values, found {value[pos].item()!r} at {pos}"
+        )
+
+
+# -------------------------------------------------------------------------------------------
+# embedding stacking
+# -------------------------------------------------------------------------------------------
+def _stack_field_embeddings_fallback(
+    embeddings: Sequence[MemoryEmbedding | None], dim: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Local stand-in for ``soulmem_torch.embedding.stack_field_embeddings`` (same contract).
+
+    Returns ``(tag_emb (N, D) f32, tag_mask (N,) bool, field_emb (N, F, D) f32,
+    field_mask (N, F) bool)`` on the CPU; absent rows and fields are zeros / False.
+    """
+    n, f = len(embeddings), len(FIELD_NAMES)
+    tag_emb = torch.zeros(n, dim, dtype=_F32)
+    tag_mask = torch.zeros(n, dtype=torch.bool)
+    field_emb = torch.zeros(n, f, dim, dtype=_F32)
+    field_mask = torch.zeros(n, f, dtype=torch.bool)
+    rows: list[int] = []
+    tags: list[Tensor] = []
+    cells: list[int] = []
+    vectors: list[Tensor] = []
+    for i, emb in enumerate(embeddings):
+        if emb is None:
+            continue
+        rows.append(i)
+        tags.append(emb.tag.detach().to("cpu", _F32))
+        for name, vec in emb.fields.items():
+            cells.append(i * f + FIELD_INDEX[name])
+            vectors.append(vec.detach().to("cpu", _F32))
+    if rows:
+        index = torch.tensor(rows, dtype=_I64)
+        tag_emb[index] = torch.stack(tags)
+        tag_mask[index] = True
+    if cells:
+        index = torch.tensor(cells, dtype=_I64)
+        field_emb.view(n * f, dim)[index] = torch.stack(vectors)
+        field_mask.view(n * f)[index] = True
+    return tag_emb, tag_mask, field_emb, field_mask
+
+
+def _stacker() -> Any:
+    """``stack_field_embeddings`` from the embedding package if it provides one, else ours."""
+    try:
+        from soulmem_torch.embedding import stack_field_embeddings  # type: ignore[attr-defined]
+    except ImportError:
+        try:
+            from soulmem_torch.embedding.fields import (  # type: ignore[attr-defined]
+                stack_field_embeddings,
+            )
+        except ImportError:
+            return _stack_field_embeddings_fallback
+    return stack_field_embeddings
+
+
+# -------------------------------------------------------------------------------------------
+# bookkeeping outside PyG's storage
+# -------------------------------------------------------------------------------------------
+class _Shared:
+    """Id maps and version, shared by a snapshot and all its copies (so ids created lazily on
+    one copy are the ids of every copy)."""
+
+    __slots__ = ("ids", "index_of", "link_ids", "version")
+
+    def __init__(
+        self,
+        ids: list[MemoryId] | None,
+        index_of: dict[MemoryId, int] | None,
+        link_ids: list[LinkId] | None,
+        version: int | None,
+    ) -> None:
+        self.ids = ids
+        self.index_of = index_of
+        self.link_ids = link_ids
+        self.version = version
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"ids": self.ids, "link_ids": self.link_ids, "version": self.version}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.ids = state["ids"]
+        self.index_of = None  # rebuilt on demand
+        self.link_ids = state["link_ids"]
+        self.version = state["version"]
+
+
+class _GraphMeta:
+    """Per-snapshot Python bookkeeping. ``cache`` never survives a copy, move or pickle."""
+
+    __slots__ = ("cache", "shared")
+
+    def __init__(
+        self,
+        ids: list[MemoryId] | None = None,
+        index_of: dict[MemoryId, int] | None = None,
+        link_ids: list[LinkId] | None = None,
+        version: int | None = None,
+        *,
+        shared: _Shared | None = None,
+    ) -> None:
+        self.shared = shared if shared is not None else _Shared(ids, index_of, link_ids, version)
+        self.cache: dict[Any, Any] = {}
+
+    def fork(self) -> _GraphMeta:
+        """Same (shared, immutable) id maps, fresh empty cache."""
+        return _GraphMeta(shared=self.shared)
+
+    def __copy__(self) -> _GraphMeta:
+        return self.fork()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _GraphMeta:
+        return self.fork()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"shared": self.shared}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.shared = state["shared"]
+        self.cache = {}
+
+
+class MemoryGraph(Data):
+    """Tensor snapshot of a memory cluster; a ``torch_geometric.data.Data`` (see module doc).
+
+    Build with :meth:`from_cluster` / ``cluster.graph()`` or :meth:`from_tensors`; the bare
+    constructor only exists for PyG's internals.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.__dict__["_meta"] = _GraphMeta()
+
+    # -- optional tensors read as None ---------------------------------------------------
+    def __getattr__(self, key: str) -> Any:
+        if key in _OPTIONAL_KEYS:
+            store = self.__dict__.get("_store")
+            if store is not None and key not in store:
+                return None
+        return super().__getattr__(key)
+
+    @property
+    def _m(self) -> _GraphMeta:
+        meta = self.__dict__.get("_meta")
+        if meta is None:
+            meta = self.__dict__["_meta"] = _GraphMeta()
+        return meta
+
+    # -- bookkeeping ----------------------------------------------------------------------
+    @property
+    def ids(self) -> list[MemoryId]:
+        """``MemoryId`` of every node (index order). A graph built from tensors without ``ids``
+        gets fresh random ids on first access (so strategies can run on synthetic graphs)."""
+        shared = self._m.shared
+        if shared.ids is None:
+            shared.ids = [MemoryId.new() for _ in range(int(self.num_nodes or 0))]
+        return shared.ids
+
+    @property
+    def index_of(self) -> dict[MemoryId, int]:
+        """``MemoryId`` -> node index."""
+        shared = self._m.shared
+        if shared.index_of is None:
+            shared.index_of = {mid: i for i, mid in enumerate(self.ids)}
+        return shared.index_of
+
+    @property
+    def link_ids(self) -> list[LinkId]:
+        """``LinkId`` of every edge, in CSR order (fresh random ids for a tensor-built graph
+        without ``link_ids``, created on first access)."""
+        shared = self._m.shared
+        if shared.link_ids is None:
+            shared.link_ids = [LinkId.new() for _ in range(int(self.num_edges))]
+        return shared.link_ids
+
+    @property
+    def version(self) -> int | None:
+        """The cluster version this snapshot was built from (``None`` for tensor-built graphs
+        unless given)."""
+        return self._m.shared.version
+
+    @property
+    def cache(self) -> dict[Any, Any]:
+        """Per-snapshot memo for derived operators (e.g. PPR transition matrices per
+        preference). Emptied on every copy, move (``to``), ``apply`` and pickle."""
+        return self._m.cache
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the tensors (that of ``edge_index``)."""
+        return self.edge_index.device
+
+    @property
+    def num_links(self) -> int:
+        """``E`` (same as ``num_edges``)."""
+        return int(self.edge_index.shape[1])
+
+    def indices(
+        self, ids: Iterable[MemoryId], *, return_mask: bool = False, strict: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Node indices of ``ids`` (int64, on :attr:`device`), unknown ids dropped.
+
+        Args:
+            ids: ``MemoryId`` values, in the order wanted.
+            return_mask: also return a bool mask of shape ``(len(ids),)``: which ids are known.
+            strict: raise ``NotFoundError`` on the first unknown id instead of dropping it.
+        """
+        index_of = self.index_of
+        ids = list(ids)
+        raw = [index_of.get(mid, -1) for mid in ids]
+        if strict:
+            for mid, i in zip(ids, raw):
+                if i < 0:
+                    raise NotFoundError(f"ids: {mid} is not a node of this graph")
+        full = torch.tensor(raw, dtype=_I64)
+        mask = full >= 0
+        out = full[mask].to(self.device)
+        if return_mask:
+            return out, mask.to(self.device)
+        return out
+
+    def to_ids(self, indices: Tensor | Iterable[int]) -> list[MemoryId]:
+        """``MemoryId`` of each node index (one ``.tolist()``; convert once, outside loops)."""
+        if isinstance(indices, Tensor):
+            indices = indices.tolist()
+        ids = self.ids
+        return [ids[i] for i in indices]
+
+    # -- device moves: copies, never in place ---------------------------------------------
+    def apply(self, func: Any, *args: str) -> MemoryGraph:
+        """PyG's in-place ``apply``; also empties :attr:`cache` (its contents may be stale)."""
+        self._m.cache.clear()
+        return super().apply(func, *args)
+
+    def to(
+        self, device: torch.device | str | int, *args: str, non_blocking: bool = False
+    ) -> MemoryGraph:
+        """A snapshot on ``device`` (``self`` if already there). Never moves ``self``.
+
+        The copy shares the id maps and has an empty :attr:`cache`.
+        """
+        dev = _resolve_device(device)
+        if not args and _same_device(self.device, dev):
+            return self
+        out = copy.copy(self)
+        Data.to(out, dev, *args, non_blocking=non_blocking)
+        return out
+
+    def cpu(self, *args: str) -> MemoryGraph:
+        return self.to("cpu", *args)
+
+    def cuda(
+        self, device: int | str | None = None, *args: str, non_blocking: bool = False
+    ) -> MemoryGraph:
+        return self.to("cuda" if device is None else device, *args, non_blocking=non_blocking)
+
+    def __copy__(self) -> MemoryGraph:
+        out = super().__copy__()
+        out.__dict__["_meta"] = self._m.fork()
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_meta"] = self._m.fork()
+        return state
+
+    # -- builders -------------------------------------------------------------------------
+    @classmethod
+    def from_cluster(cls, cluster: MemoryCluster) -> MemoryGraph:
+        """Snapshot of a cluster (on the CPU). Prefer ``cluster.graph()``, which caches it.
+
+        Node ``i`` is ``cluster.ids()[i]``; edges are ``cluster.links()`` stably sorted by
+        source index.
+        """
+        version = cluster.version
+        items = list(cluster)
+        links = cluster.links()
+        ids = [item.note.id for item in items]
+        index_of = {mid: i for i, mid in enumerate(ids)}
+        node_type = torch.tensor([_NODE_CODES[item.note.kind] for item in items], dtype=_I64)
+        create_ns = torch.tensor(
+            [item.note.create_time.ns_since_epoch for item in items], dtype=_I64
+        )
+        counts = torch.tensor([item.note.retrieval_count for item in items], dtype=_I64)
+
+        src, dst, kind, intensity, confidence, prob = [], [], [], [], [], []
+        for link in links:
+            try:
+                src.append(index_of[link.from_])
+                dst.append(index_of[link.to])
+            except KeyError as exc:
+                raise ValidationError(
+                    f"links: edge {link.id} names note {exc.args[0]}, which is not in the cluster"
+                ) from None
+            lt = link.link_type
+            code = _LINK_CODES.get(type(lt))
+            if code is None:
+                raise ValidationError(
+                    f"links: edge {link.id} has link_type {type(lt).__name__}; expected "
+                    "TrigToAction, SemMemLink, AbstractToSpecific or SpecificToAbstract"
+                )
+            kind.append(code)
+            intensity.append(float(link.intensity))
+            confidence.append(float(lt.confidence) if code == LINK_SEM else 0.0)
+            prob.append(float(lt.prob) if code == LINK_PROC else 0.0)
+        num_edges = len(links)
+        edge_index = torch.tensor([src, dst], dtype=_I64).reshape(2, num_edges)
+
+        embeddings = [item.embedding for item in items]
+        tag_emb = tag_mask = field_emb = field_mask = None
+        if any(e is not None for e in embeddings):
+            dim = next(e.dim for e in embeddings if e is not None)
+            tag_emb, tag_mask, field_emb, field_mask = _stacker()(embeddings, dim)
+
+        graph = cls.from_tensors(
+            edge_index,
+            num_nodes=len(items),
+            edge_kind=torch.tensor(kind, dtype=_I64),
+            node_type=node_type,
+            intensity=torch.tensor(intensity, dtype=_F64),
+            confidence=torch.tensor(confidence, dtype=_F32),
+            prob=torch.tensor(prob, dtype=_F64),
+            tag_emb=tag_emb,
+            tag_mask=tag_mask,
+            field_emb=field_emb,
+            field_mask=field_mask,
+            create_time_ns=create_ns,
+            retrieval_count=counts,
+            ids=ids,
+            link_ids=[link.id for link in links],
+            version=version,
+        )
+        graph._m.shared.index_of = index_of
+        return graph
+
+    @classmethod
+    def from_tensors(
+        cls,
+        edge_index: Tensor,
+        *,
+        num_nodes: int,
+        edge_kind: Tensor,
+        node_type: Tensor,
+        intensity: Tensor | None = None,
+        confidence: Tensor | None = None,
+        prob: Tensor | None = None,
+        tag_emb: Tensor | None = None,
+        tag_mask: Tensor | None = None,
+        field_emb: Tensor | None = None,
+        field_mask: Tensor | None = None,
+        create_time_ns: Tensor | None = None,
+        retrieval_count: Tensor | None = None,
+        ids: Sequence[MemoryId] | None = None,
+        link_ids: Sequence[LinkId] | None = None,
+        version: int | None = None,
+    ) -> MemoryGraph:
+        """A snapshot straight from tensors (no note objects), validated and put in CSR order.
+
+        Every tensor is moved to the device of ``edge_index``. Edges may come in any order:
+        they are stably sorted by source (skipped when already sorted), and every edge
+        attribute (and ``link_ids``) follows that permutation.
+
+        Args:
+            edge_index: shape (2, E), integer. Source / target node indices in ``[0, N)``.
+            num_nodes: >= 0. ``N``.
+            edge_kind: shape (E,), integer. ``LINK_*`` codes.
+            node_type: shape (N,), integer. ``NODE_*`` codes.
+            intensity: shape (E,), float; finite, >= 0. ``None`` -> 1.0 (the original's default).
+            confidence: shape (E,), float; in [0, 1]. Stored as float32, zeroed on non-Sem edges.
+                ``None`` -> 1.0 on Sem edges.
+            prob: shape (E,), float; in [0, 1]. Stored as float64, zeroed on non-Proc edges.
+                ``None`` -> 1.0 on Proc edges.
+            tag_emb: shape (N, D), float, finite. Stored as float32.
+            tag_mask: shape (N,), bool. ``None`` -> all True when ``tag_emb`` is given.
+            field_emb: shape (N, F, D), float, finite; ``F == len(FIELD_NAMES)``.
+            field_mask: shape (N, F), bool. ``None`` -> all True when ``field_emb`` is given.
+            create_time_ns: shape (N,), integer. ``None`` -> zeros.
+            retrieval_count: shape (N,), integer, >= 0. ``None`` -> zeros.
+            ids: ``N`` distinct ``MemoryId``; ``None`` -> random ids created on first access.
+            link_ids: ``E`` ``LinkId`` in input edge order; ``None`` -> created on first access.
+            version: the cluster version this is a snapshot of, if any.
+
+        Raises:
+            ValidationError: naming the argument, on any wrong shape, dtype or value (an
+                out-of-range node index, an unknown code, a negative / NaN intensity, a
+                confidence or probability outside [0, 1], a NaN / inf embedding, ...).
+        """
+        try:
+            n = operator.index(num_nodes)
+        except TypeError:
+            raise ValidationError(f"num_nodes: expected an int >= 0, found {num_nodes!r}") from None
+        if n < 0:
+            raise ValidationError(f"num_nodes: expected an int >= 0, found {n}")
+        if not isinstance(edge_index, Tensor):
+            raise ValidationError(
+                f"edge_index: expected a tensor of shape (2, E), found {_shape(edge_index)}"
+            )
+        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            raise ValidationError(
+                f"edge_index: expected shape (2, E), found {tuple(edge_index.shape)}"
+            )
+        e = int(edge_index.shape[1])
+        _check_tensor("edge_index", edge_index, (2, e), "int")
+        device = edge_index.device
+        edge_index = edge_index.to(_I64)
+        if e:
+            lo, hi = (int(v) for v in torch.aminmax(edge_index))
+            if lo < 0 or hi >= n:
+                bad = (edge_index < 0) | (edge_index >= n)
+                row, col = (int(i) for i in bad.nonzero()[0])
+                raise ValidationError(
+                    f"edge_index: expected node indices in [0, {n}), found "
+                    f"{int(edge_index[row, col])} at edge_index[{row}, {col}]"
+                )
+
+        def on_dev(t: Tensor) -> Tensor:
+            return t.to(device)
+
+        edge_kind = on_dev(_check_tensor("edge_kind", edge_kind, (e,), "int")).to(_I64)
+        _check_codes("edge_kind", edge_kind, _LINK_CODE_SET, "edge")
+        node_type = on_dev(_check_tensor("node_type", node_type, (n,), "int")).to(_I64)
+        _check_codes("node_type", node_type, _NODE_CODE_SET, "node")
+        is_sem_edge = edge_kind == LINK_SEM
+        is_proc_edge = edge_kind == LINK_PROC
+
+        if intensity is None:
+            intensity = torch.ones(e, dtype=_F64, device=device)
+        else:
+            intensity = on_dev(_check_tensor("intensity", intensity, (e,), "float")).to(_F64)
+            _check_range("intensity", intensity, "edge")
+        if confidence is None:
+            confidence = is_sem_edge.to(_F32)
+        else:
+            confidence = on_dev(_check_tensor("confidence", confidence, (e,), "float"))
+            _check_range("confidence", confidence, "edge", high=1.0)
+            confidence = torch.where(is_sem_edge, confidence.to(_F32), 0.0)
+        if prob is None:
+            prob = is_proc_edge.to(_F64)
+        else:
+            prob = on_dev(_check_tensor("prob", prob, (e,), "float"))
+            _check_range("prob", prob, "edge", high=1.0)
+            prob = torch.where(is_proc_edge, prob.to(_F64), 0.0)
+
+        if create_time_ns is None:
+            create_time_ns = torch.zeros(n, dtype=_I64, device=device)
+        else:
+            create_time_ns = on_dev(_check_tensor("create_time_ns", create_time_ns, (n,), "int"))
+            create_time_ns = create_time_ns.to(_I64)
+        if retrieval_count is None:
+            retrieval_count = torch.zeros(n, dtype=_I64, device=device)
+        else:
+            retrieval_count = on_dev(
+                _check_tensor("retrieval_count", retrieval_count, (n,), "int")
+            ).to(_I64)
+            _first_bad(
+                "retrieval_count", retrieval_count < 0, retrieval_count, "node", "values >= 0"
+            )
+
+        num_fields = len(FIELD_NAMES)
+        dim: int | None = None
+        if tag_emb is not None:
+            if not isinstance(tag_emb, Tensor) or tag_emb.dim() != 2:
+                raise ValidationError(f"tag_emb: expected shape (N, D), found {_shape(tag_emb)}")
+            dim = int(tag_emb.shape[1])
+            tag_emb = on_dev(_check_tensor("tag_emb", tag_emb, (n, dim), "float")).to(_F32)
+            _check_finite("tag_emb", tag_emb)
+            if tag_mask is None:
+                tag_mask = torch.ones(n, dtype=torch.bool, device=device)
+            else:
+                tag_mask = on_dev(_check_tensor("tag_mask", tag_mask, (n,), "bool"))
+        elif tag_mask is not None:
+            raise ValidationError("tag_mask: given without tag_emb")
+        if field_emb is not None:
+            if not isinstance(field_emb, Tensor) or field_emb.dim() != 3:
+                raise ValidationError(
+                    f"field_emb: expected shape (N, F, D), found {_shape(field_emb)}"
+                )
+            fdim = int(field_emb.shape[2])
+            if dim is not None and fdim != dim:
+                raise ValidationError(
+                    f"field_emb: expected width D = {dim} (that of tag_emb), found {fdim}"
+                )
+            field_emb = on_dev(
+                _check_tensor("field_emb", field_emb, (n, num_fields, fdim), "float")
+            ).to(_F32)
+            _check_finite("field_emb", field_emb)
+            if field_mask is None:
+                field_mask = torch.ones(n, num_fields, dtype=torch.bool, device=device)
+            else:
+                field_mask = on_dev(
+                    _check_tensor("field_mask", field_mask, (n, num_fields), "bool")
+                )
+        elif field_mask is not None:
+            raise ValidationError("field_mask: given without field_emb")
+
+        if ids is not None:
+            ids = list(ids)
+            if len(ids) != n:
+                raise ValidationError(f"ids: expected {n} MemoryId values, found {len(ids)}")
+            if len(set(ids)) != n:
+                raise ValidationError("ids: expected distinct MemoryId values, found duplicates")
+        if link_ids is not None:
+            link_ids = list(link_ids)
+            if len(link_ids) != e:
+                raise ValidationError(
+                    f"link_ids: expected {e} LinkId values, found {len(link_ids)}"
+                )
+
+        # CSR order: a stable sort by source, skipped when already sorted.
+        src = edge_index[0]
+        if e > 1 and bool((src[1:] < src[:-1]).any()):
+            perm = torch.sort(src, stable=True).indices
+            edge_index = edge_index[:, perm]
+            edge_kind, intensity = edge_kind[perm], intensity[perm]
+            confidence, prob = confidence[perm], prob[perm]
+            if link_ids is not None:
+                link_ids = [link_ids[i] for i in perm.tolist()]
+        counts = torch.bincount(edge_index[0], minlength=n)
+        rowptr = torch.zeros(n + 1, dtype=_I64, device=device)
+        torch.cumsum(counts, 0, out=rowptr[1:])
+
+        graph = cls()
+        graph.edge_index = edge_index.contiguous()
+        graph.rowptr = rowptr
+        graph.edge_kind = edge_kind
+        graph.intensity = intensity
+        graph.confidence = confidence
+        graph.prob = prob
+        graph.node_type = node_type
+        graph.is_semantic = node_type == NODE_SEMANTIC
+        graph.is_specific = node_type == NODE_SPECIFIC
+        graph.is_abstract = node_type == NODE_ABSTRACT
+        graph.is_procedure = node_type == NODE_PROCEDURE
+        graph.create_time_ns = create_time_ns
+        graph.retrieval_count = retrieval_count
+        if tag_emb is not None:
+            graph.tag_emb = tag_emb
+            graph.tag_mask = tag_mask
+        if field_emb is not None:
+            graph.field_emb = field_emb
+            graph.field_mask = field_mask
+        graph.num_nodes = n
+        graph.__dict__["_meta"] = _GraphMeta(ids=ids, link_ids=link_ids, version=version)
+        return graph
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type == "cuda":
+        ai = a.index if a.index is not None else torch.cuda.current_device()
+        bi = b.index if b.index is not None else torch.cuda.current_device()
+        return ai == bi
+    return True

@@ -1,0 +1,611 @@
+"""``MemoryCluster``: the in-memory directed multigraph of embedded notes (SPEC §2).
+
+Notes are nodes; each note's own ``mem_links`` are its out-edges. The note is the source of
+truth for its links; the cluster keeps the materialized edges, the *pending* (parked) links
+whose target is not present yet, and the id → index maps.
+
+Semantics (the original's ``MemoryCluster``, read from ``soul-mem-runtime``):
+
+* **Adding** a note whose id is present does not replace it. Its out-links whose link id is new
+  are merged into the existing note (appended to its ``mem_links``) and into the graph, as the
+  original's ``merge_edges`` does for a duplicate; nothing else changes.
+* A new note first **materializes** the links parked for it (in the order they were parked),
+  then adds its own out-links in ``mem_links`` order: a link whose target is present and whose
+  link id is new becomes an edge; a link whose target is absent is **parked** under the target
+  id (a link to a missing note is never an error). A link id already in the graph is skipped
+  (the first link with an id wins).
+* **Removing** a note drops the links it owned (edges and parked links) and re-parks the edges
+  that pointed at it, keeping their id, source, intensity and type, newest first (the order in
+  which the original's graph library yields them), so re-adding the note restores them.
+  (**DECISION**, with SPEC §2: the original re-parks them with a fresh id and intensity 1.0.)
+* The link's source is always the note that holds it (as in the original, ``from`` is not
+  consulted); ``GraphMemoryLink.from_`` is that note's id.
+
+Node index = the order notes were added; after a removal indices are compacted, keeping order.
+Within one source, edges keep their materialization order (the sequential PPR oracle visits them
+newest first by reversing it). ``version`` increases on every change; :meth:`MemoryCluster.graph`
+caches the tensor snapshot per version and device.
+
+Example:
+    >>> from soulmem_torch.model import MemoryLink, MemoryNote, SemMemLink, SemMemory
+    >>> def sem(text):
+    ...     return MemoryNote.build(SemMemory(content=text, aliases=[], concept_type="Entity",
+    ...                                       description=""))
+    >>> a, b = sem("a"), sem("b")
+    >>> a.mem_links.append(MemoryLink.new(a.id, b.id, SemMemLink(verb="knows", confidence=0.9)))
+    >>> cluster = MemoryCluster()
+    >>> cluster.add_note(a)          # target b is absent: the link is parked
+    True
+    >>> len(cluster.links()), len(cluster.pending_links())
+    (0, 1)
+    >>> cluster.add_note(b)          # ... and materialized when b arrives
+    True
+    >>> len(cluster.links()), len(cluster.pending_links())
+    (1, 0)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from soulmem_torch.embedding.fields import FIELD_INDEX, EmbeddedMemoryNote, MemoryEmbedding
+from soulmem_torch.errors import NotFoundError, ValidationError
+from soulmem_torch.model.ids import LinkId, MemoryId
+from soulmem_torch.model.links import MemoryLink
+from soulmem_torch.model.notes import MemoryNote
+
+if TYPE_CHECKING:
+    from soulmem_torch.graph import MemoryGraph
+
+__all__ = ["GraphMemoryLink", "MemoryCluster"]
+
+
+@dataclass(frozen=True)
+class GraphMemoryLink:
+    """A materialized edge ``from_ -> to`` of a cluster.
+
+    ``link_type`` is the note's link-type object (``TrigToAction`` / ``SemMemLink`` /
+    ``AbstractToSpecific`` / ``SpecificToAbstract``), shared, not copied.
+    """
+
+    id: LinkId
+    from_: MemoryId
+    to: MemoryId
+    link_type: Any
+    intensity: float
+
+    def to_memory_link(self) -> MemoryLink:
+        """The equivalent ``MemoryLink`` (same id, ends, intensity and type)."""
+        return MemoryLink(
+            id=self.id, from_=self.from_, to=self.to, intensity=self.intensity,
+            link_type=self.link_type,
+        )  # fmt: skip
+
+
+def _check_vector(what: str, value: Any, dim: int | None) -> int:
+    if not isinstance(value, torch.Tensor):
+        raise ValidationError(f"{what}: expected a 1-D float tensor, found {type(value).__name__}")
+    if value.dim() != 1 or not value.dtype.is_floating_point:
+        raise ValidationError(
+            f"{what}: expected a 1-D float tensor, found shape {tuple(value.shape)} "
+            f"of {value.dtype}"
+        )
+    if dim is not None and value.shape[0] != dim:
+        raise ValidationError(f"{what}: expected width {dim}, found {value.shape[0]}")
+    if not bool(torch.isfinite(value).all()):
+        raise ValidationError(f"{what}: expected finite values, found NaN or inf")
+    return int(value.shape[0])
+
+
+def check_embedding(embedding: Any, *, dim: int | None, where: str = "embedding") -> int | None:
+    """Validates a note's embedding; returns its width (``None`` for no embedding).
+
+    Args:
+        embedding: a ``MemoryEmbedding`` or ``None``.
+        dim: the width every vector must have, or ``None`` to take the tag's width.
+        where: prefix for error messages (e.g. ``"embedding of note <id>"``).
+
+    Raises:
+        ValidationError: naming the field, on a wrong type, shape, width, an unknown field name,
+            or a NaN / inf value.
+    """
+    if embedding is None:
+        return None
+    if not isinstance(embedding, MemoryEmbedding):
+        raise ValidationError(
+            f"{where}: expected a MemoryEmbedding or None, found {type(embedding).__name__}"
+        )
+    width = _check_vector(f"{where}.tag", embedding.tag, dim)
+    if not isinstance(embedding.fields, dict):
+        raise ValidationError(
+            f"{where}.fields: expected a dict of name -> tensor, "
+            f"found {type(embedding.fields).__name__}"
+        )
+    for name, vector in embedding.fields.items():
+        if name not in FIELD_INDEX:
+            raise ValidationError(
+                f"{where}.fields[{name!r}]: expected a name in FIELD_NAMES, found an unknown field"
+            )
+        _check_vector(f"{where}.fields[{name!r}]", vector, width)
+    return width
+
+
+class MemoryCluster:
+    """A directed multigraph of embedded notes with pending-link bookkeeping (SPEC §2).
+
+    Args:
+        embedding_dim: > 0 or ``None``. Width every embedding must have; ``None`` = taken from
+            the first embedded note (and forgotten again when no embedded note is left).
+
+    All methods are guarded by one re-entrant lock, so a cluster can be shared with worker
+    threads; snapshots (:meth:`graph`) are immutable views.
+    """
+
+    def __init__(self, *, embedding_dim: int | None = None) -> None:
+        if embedding_dim is not None and (
+            not isinstance(embedding_dim, int) or isinstance(embedding_dim, bool)
+            or embedding_dim <= 0
+        ):  # fmt: skip
+            raise ValidationError(f"embedding_dim: expected an int > 0, found {embedding_dim!r}")
+        self._fixed_dim = embedding_dim
+        self._dim: int | None = embedding_dim
+        self._num_embedded = 0
+        self._nodes: dict[MemoryId, EmbeddedMemoryNote] = {}
+        self._index: dict[MemoryId, int] | None = {}
+        self._links: dict[LinkId, GraphMemoryLink] = {}
+        self._out: dict[MemoryId, dict[LinkId, None]] = {}
+        self._in: dict[MemoryId, dict[LinkId, None]] = {}
+        # target id -> [(source id, link)], in parking order
+        self._pending: dict[MemoryId, list[tuple[MemoryId, MemoryLink]]] = {}
+        self._version = 0
+        self._graphs: dict[torch.device, MemoryGraph] = {}
+        self._graphs_version = -1
+        self._lock = threading.RLock()
+
+    # -- read access ----------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """Increases on every change (notes, links, pending links, embeddings, mark_changed)."""
+        return self._version
+
+    @property
+    def embedding_dim(self) -> int | None:
+        """Width of the stored embeddings (``None`` while no note has one and none was fixed)."""
+        return self._dim
+
+    @property
+    def num_links(self) -> int:
+        """Number of materialized edges."""
+        return len(self._links)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __contains__(self, id: object) -> bool:
+        return id in self._nodes
+
+    def __iter__(self) -> Iterator[EmbeddedMemoryNote]:
+        """The embedded notes in node-index order (a snapshot of the current list)."""
+        with self._lock:
+            return iter(list(self._nodes.values()))
+
+    def __getitem__(self, id: MemoryId) -> EmbeddedMemoryNote:
+        try:
+            return self._nodes[id]
+        except KeyError:
+            raise NotFoundError(f"id: note {id} is not in the cluster") from None
+
+    def __repr__(self) -> str:
+        return (
+            f"MemoryCluster(notes={len(self._nodes)}, links={len(self._links)}, "
+            f"pending={sum(len(v) for v in self._pending.values())}, version={self._version})"
+        )
+
+    def get(self, id: MemoryId) -> EmbeddedMemoryNote | None:
+        """The embedded note with this id, or ``None``."""
+        return self._nodes.get(id)
+
+    def ids(self) -> list[MemoryId]:
+        """Note ids in node-index order."""
+        with self._lock:
+            return list(self._nodes)
+
+    def notes(self) -> list[MemoryNote]:
+        """Notes in node-index order."""
+        with self._lock:
+            return [item.note for item in self._nodes.values()]
+
+    def index_of(self, id: MemoryId) -> int:
+        """Node index of ``id`` (position in adding order, compacted after removals).
+
+        Raises:
+            NotFoundError: if the note is not in the cluster.
+        """
+        with self._lock:
+            if self._index is None:
+                self._index = {nid: i for i, nid in enumerate(self._nodes)}
+            try:
+                return self._index[id]
+            except KeyError:
+                raise NotFoundError(f"id: note {id} is not in the cluster") from None
+
+    def links(self) -> list[GraphMemoryLink]:
+        """Every materialized edge, in materialization order."""
+        with self._lock:
+            return list(self._links.values())
+
+    def has_link(self, link_id: LinkId) -> bool:
+        """Whether an edge with this id is materialized."""
+        return link_id in self._links
+
+    def get_link(self, link_id: LinkId) -> GraphMemoryLink | None:
+        """The materialized edge with this id, or ``None``."""
+        return self._links.get(link_id)
+
+    def out_links(self, id: MemoryId) -> list[GraphMemoryLink]:
+        """Materialized out-edges of ``id`` in materialization order (empty for an absent id)."""
+        with self._lock:
+            return [self._links[lid] for lid in self._out.get(id, ())]
+
+    def in_links(self, id: MemoryId) -> list[GraphMemoryLink]:
+        """Materialized in-edges of ``id`` in materialization order (empty for an absent id)."""
+        with self._lock:
+            return [self._links[lid] for lid in self._in.get(id, ())]
+
+    def pending_links(self) -> list[MemoryLink]:
+        """Parked links (target absent), grouped by target in parking order.
+
+        ``from_`` of each returned link is the note that holds it.
+        """
+        with self._lock:
+            out = []
+            for entries in self._pending.values():
+                for source, link in entries:
+                    out.append(
+                        link if link.from_ == source else link.model_copy(update={"from_": source})
+                    )
+            return out
+
+    # -- mutation -------------------------------------------------------------------------
+    def add_note(
+        self, note: MemoryNote | EmbeddedMemoryNote, embedding: MemoryEmbedding | None = None
+    ) -> bool:
+        """Adds a note (with an optional embedding); ``False`` if its id is already present.
+
+        A present id is not replaced: only the new note's out-links with new link ids are merged
+        into the existing note and the graph (see the module docstring).
+
+        Args:
+            note: a ``MemoryNote``, or an ``EmbeddedMemoryNote`` (its embedding is used when
+                ``embedding`` is ``None``).
+            embedding: a ``MemoryEmbedding`` of width :attr:`embedding_dim`, or ``None``.
+
+        Raises:
+            ValidationError: on a wrong note type or a bad embedding (wrong width, NaN / inf,
+                unknown field); the cluster is unchanged.
+        """
+        return self.add_notes([note], None if embedding is None else [embedding])[0]
+
+    def add_notes(
+        self,
+        notes: Iterable[MemoryNote | EmbeddedMemoryNote],
+        embeddings: Sequence[MemoryEmbedding | None] | None = None,
+        *,
+        links_after_nodes: bool = False,
+    ) -> list[bool]:
+        """Adds several notes; everything is validated before anything changes.
+
+        By default the notes are added one after the other, exactly as repeated
+        :meth:`add_note` calls (the original's ``add_single_node`` loop, which its evaluation
+        loader uses; the resulting edge order is what the PPR parity oracle expects).
+
+        Args:
+            notes: ``MemoryNote`` or ``EmbeddedMemoryNote`` items.
+            embeddings: one entry per note (``None`` entries allowed), or ``None``.
+            links_after_nodes: the original's ``merge``: insert every note first (each
+                materializing the links parked for it), then merge the notes' own out-links
+                note by note, so links within the batch become edges directly, in batch order.
+
+        Returns:
+            One bool per input note: ``True`` if it was added, ``False`` if its id was present
+            (or appeared earlier in ``notes``).
+
+        Raises:
+            ValidationError: on a wrong type, a length mismatch or a bad embedding.
+        """
+        items = list(notes)
+        if embeddings is not None:
+            embeddings = list(embeddings)
+            if len(embeddings) != len(items):
+                raise ValidationError(
+                    f"embeddings: expected one entry per note ({len(items)}), "
+                    f"found {len(embeddings)}"
+                )
+        with self._lock:
+            prepared: list[tuple[MemoryNote, MemoryEmbedding | None]] = []
+            dim = self._dim
+            seen: set[MemoryId] = set()
+            for i, item in enumerate(items):
+                emb = embeddings[i] if embeddings is not None else None
+                if isinstance(item, EmbeddedMemoryNote):
+                    if emb is None:
+                        emb = item.embedding
+                    item = item.note
+                if not isinstance(item, MemoryNote):
+                    raise ValidationError(
+                        f"notes[{i}]: expected a MemoryNote or EmbeddedMemoryNote, "
+                        f"found {type(item).__name__}"
+                    )
+                if item.id not in self._nodes and item.id not in seen:
+                    width = check_embedding(emb, dim=dim, where=f"embedding of note {item.id}")
+                    if width is not None:
+                        dim = width
+                    seen.add(item.id)
+                prepared.append((item, emb))
+
+            added: list[bool] = []
+            changed = False
+            for note, emb in prepared:
+                if note.id in self._nodes:
+                    added.append(False)
+                    if not links_after_nodes:
+                        changed |= self._merge_duplicate(note)
+                    continue
+                self._insert_node(note, emb)
+                added.append(True)
+                changed = True
+                if not links_after_nodes:
+                    for link in note.mem_links:
+                        self._merge_link(note.id, link)
+            if links_after_nodes:
+                for (note, _), is_new in zip(prepared, added):
+                    if is_new:
+                        for link in note.mem_links:
+                            self._merge_link(note.id, link)
+                    else:
+                        changed |= self._merge_duplicate(note)
+            if changed:
+                self._touch()
+            return added
+
+    def remove_note(self, id: MemoryId) -> EmbeddedMemoryNote | None:
+        """Removes a note; returns it (``None`` if absent).
+
+        The links it owned are dropped (edges and parked links); the edges that pointed at it
+        are re-parked under its id (same id, source, intensity and type; newest first), so
+        adding a note with this id again restores them.
+        """
+        with self._lock:
+            item = self._nodes.get(id)
+            if item is None:
+                return None
+            self._drop_pending_from(id, lambda _lid: True)
+            for lid in list(self._out.get(id, ())):
+                self._unlink(lid)
+            parked: list[tuple[MemoryId, MemoryLink]] = []
+            for lid in reversed(list(self._in.get(id, ()))):
+                edge = self._unlink(lid)
+                parked.append((edge.from_, edge.to_memory_link()))
+            if parked:
+                self._pending.setdefault(id, []).extend(parked)
+            self._out.pop(id, None)
+            self._in.pop(id, None)
+            del self._nodes[id]
+            self._index = None
+            if item.embedding is not None:
+                self._num_embedded -= 1
+                if self._num_embedded == 0:
+                    self._dim = self._fixed_dim
+            self._touch()
+            return item
+
+    def remove_link(self, link_id: LinkId) -> GraphMemoryLink | None:
+        """Removes a link everywhere: the edge, any parked copy, and the source note's entry.
+
+        Returns:
+            The removed edge, or ``None`` if no edge had this id (parked copies are still
+            discarded and the owning notes' ``mem_links`` cleaned).
+        """
+        with self._lock:
+            edge = self._links.get(link_id)
+            owners: set[MemoryId] = set()
+            if edge is not None:
+                self._unlink(link_id)
+                owners.add(edge.from_)
+            for target, entries in list(self._pending.items()):
+                kept = [(s, lk) for s, lk in entries if lk.id != link_id]
+                if len(kept) != len(entries):
+                    owners.update(s for s, lk in entries if lk.id == link_id)
+                    self._set_pending(target, kept)
+            for owner in owners:
+                note = self._nodes[owner].note
+                note.mem_links = [lk for lk in note.mem_links if lk.id != link_id]
+            if owners:
+                self._touch()
+            return edge
+
+    def set_embedding(self, id: MemoryId, embedding: MemoryEmbedding | None) -> None:
+        """Replaces (or clears, with ``None``) the embedding of a note.
+
+        Raises:
+            NotFoundError: if the note is absent.
+            ValidationError: on a bad embedding (wrong width, NaN / inf, unknown field).
+        """
+        with self._lock:
+            item = self[id]
+            others = self._num_embedded - (item.embedding is not None)
+            dim = self._dim if (others > 0 or self._fixed_dim is not None) else None
+            width = check_embedding(embedding, dim=dim, where=f"embedding of note {id}")
+            item.embedding = embedding
+            self._num_embedded = others + (embedding is not None)
+            if width is not None:
+                self._dim = width
+            elif self._num_embedded == 0:
+                self._dim = self._fixed_dim
+            self._touch()
+
+    def mark_changed(self, id: MemoryId) -> None:
+        """Declares that a note was mutated in place (text, counts, times or ``mem_links``).
+
+        Re-syncs the graph with the note's ``mem_links`` (new link ids are merged; changed
+        intensity or type is taken over in place; a changed target re-routes the link; links no
+        longer listed are removed) and bumps :attr:`version` so the next :meth:`graph` rebuilds.
+        This is the original's ``refresh_node``, which also picks up changed intensities.
+
+        Raises:
+            NotFoundError: if the note is absent.
+            ValidationError: if the note's id was changed in place.
+        """
+        with self._lock:
+            note = self[id].note
+            if note.id != id:
+                raise ValidationError(
+                    f"id: note {id} now reports id {note.id}; remove it and add it again instead"
+                )
+            wanted: dict[LinkId, MemoryLink] = {}
+            for link in note.mem_links:
+                wanted.setdefault(link.id, link)
+            for lid in list(self._out.get(id, ())):
+                if lid not in wanted:
+                    self._unlink(lid)
+            self._drop_pending_from(id, lambda lid: lid not in wanted)
+            for lid, link in wanted.items():
+                edge = self._links.get(lid)
+                if edge is not None:
+                    if edge.from_ != id:
+                        continue  # this id belongs to another note's link
+                    if edge.to != link.to:
+                        self._unlink(lid)
+                        self._merge_link(id, link)
+                    else:
+                        self._links[lid] = replace(
+                            edge, link_type=link.link_type, intensity=float(link.intensity)
+                        )
+                    continue
+                if not self._replace_parked(id, link):
+                    self._merge_link(id, link)
+            self._touch()
+
+    # -- snapshot -------------------------------------------------------------------------
+    def graph(self, device: torch.device | str | None = None) -> MemoryGraph:
+        """The tensor snapshot (:class:`~soulmem_torch.graph.MemoryGraph`) of this version.
+
+        Built once per :attr:`version` on the CPU, then copied once per device; repeated calls
+        return the same object until the cluster changes.
+
+        Args:
+            device: ``None`` -> CPU; ``"auto"`` -> CUDA if available; or any torch device.
+        """
+        from soulmem_torch.graph import MemoryGraph, _resolve_device
+
+        dev = _resolve_device(device)
+        with self._lock:
+            if self._graphs_version != self._version:
+                self._graphs = {}
+                self._graphs_version = self._version
+            cpu = torch.device("cpu")
+            base = self._graphs.get(cpu)
+            if base is None:
+                base = MemoryGraph.from_cluster(self)
+                self._graphs[cpu] = base
+            if dev == cpu:
+                return base
+            moved = self._graphs.get(dev)
+            if moved is None:
+                moved = base.to(dev)
+                self._graphs[dev] = moved
+            return moved
+
+    # -- internals ------------------------------------------------------------------------
+    def _touch(self) -> None:
+        self._version += 1
+
+    def _insert_node(self, note: MemoryNote, emb: MemoryEmbedding | None) -> None:
+        """Adds the node, then materializes the links parked for it (parking order)."""
+        self._nodes[note.id] = EmbeddedMemoryNote(note=note, embedding=emb)
+        if self._index is not None:
+            self._index[note.id] = len(self._index)
+        if emb is not None:
+            self._num_embedded += 1
+            self._dim = emb.dim
+        self._materialize_pending(note.id)
+
+    def _materialize(self, source: MemoryId, link: MemoryLink) -> None:
+        edge = GraphMemoryLink(
+            id=link.id, from_=source, to=link.to, link_type=link.link_type,
+            intensity=float(link.intensity),
+        )  # fmt: skip
+        self._links[link.id] = edge
+        self._out.setdefault(source, {})[link.id] = None
+        self._in.setdefault(link.to, {})[link.id] = None
+
+    def _unlink(self, link_id: LinkId) -> GraphMemoryLink:
+        edge = self._links.pop(link_id)
+        self._out[edge.from_].pop(link_id, None)
+        self._in[edge.to].pop(link_id, None)
+        return edge
+
+    def _merge_link(self, source: MemoryId, link: MemoryLink) -> bool:
+        """Materializes or parks one out-link of ``source``; ``False`` if nothing changed."""
+        if link.id in self._links:
+            return False
+        if link.to in self._nodes:
+            self._materialize(source, link)
+            return True
+        entries = self._pending.setdefault(link.to, [])
+        if any(s == source and lk.id == link.id for s, lk in entries):
+            return False
+        entries.append((source, link))
+        return True
+
+    def _merge_duplicate(self, note: MemoryNote) -> bool:
+        """Merges the new-id links of a duplicate of a present note into it."""
+        existing = self._nodes[note.id].note
+        if note is existing:
+            return False
+        known = {lk.id for lk in existing.mem_links}
+        changed = False
+        for link in note.mem_links:
+            if link.id in known:
+                continue
+            known.add(link.id)
+            existing.mem_links.append(link)
+            self._merge_link(note.id, link)
+            changed = True
+        return changed
+
+    def _materialize_pending(self, target: MemoryId) -> None:
+        for source, link in self._pending.pop(target, ()):
+            if source in self._nodes and link.id not in self._links:
+                self._materialize(source, link)
+
+    def _set_pending(self, target: MemoryId, entries: list[tuple[MemoryId, MemoryLink]]) -> None:
+        if entries:
+            self._pending[target] = entries
+        else:
+            self._pending.pop(target, None)
+
+    def _drop_pending_from(self, source: MemoryId, drop: Any) -> None:
+        for target, entries in list(self._pending.items()):
+            kept = [(s, lk) for s, lk in entries if not (s == source and drop(lk.id))]
+            if len(kept) != len(entries):
+                self._set_pending(target, kept)
+
+    def _replace_parked(self, source: MemoryId, link: MemoryLink) -> bool:
+        """Updates a parked link of ``source`` with the same id in place; ``False`` if none."""
+        for target, entries in self._pending.items():
+            for k, (s, lk) in enumerate(entries):
+                if s == source and lk.id == link.id:
+                    if target == link.to:
+                        entries[k] = (source, link)
+                    else:
+                        del entries[k]
+                        self._set_pending(target, entries)
+                        self._merge_link(source, link)
+                    return True
+        return False

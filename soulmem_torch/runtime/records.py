@@ -1,0 +1,102 @@
+"""Access records kept by the working memory (SPEC §2): ``Record`` and ``Feedback``.
+
+A record counts how often the *working memory* retrieved a note and collects user feedback on
+it. Its retrieval count is separate from the note's own ``retrieval_count`` (the forgetting
+curve reads the note's).
+
+Example:
+    >>> from soulmem_torch.model import MemoryId
+    >>> record = Record.new(MemoryId())
+    >>> record.add_feedback(Feedback.POSITIVE)
+    >>> record.add_feedback(Feedback.NEGATIVE)
+    >>> record.add_feedback(Feedback.POSITIVE)
+    >>> record.feedback_score
+    1
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from soulmem_torch.model.ids import MemoryId
+from soulmem_torch.model.timestamp import Timestamp
+
+__all__ = ["Feedback", "Record"]
+
+
+class Feedback(str, Enum):
+    """User feedback on a retrieved memory: Positive (+1), Negative (-1), Neutral (0).
+
+    ``Feedback.Positive`` / ``Feedback.Negative`` / ``Feedback.Neutral`` are aliases of the
+    upper-case members (the original's variant names). JSON: the bare name.
+    """
+
+    POSITIVE = "Positive"
+    NEGATIVE = "Negative"
+    NEUTRAL = "Neutral"
+    # The original's spelling, as aliases (same values -> same members).
+    Positive = "Positive"
+    Negative = "Negative"
+    Neutral = "Neutral"
+
+    @property
+    def score(self) -> int:
+        """+1, -1 or 0."""
+        return _SCORES[self.value]
+
+
+_SCORES = {"Positive": 1, "Negative": -1, "Neutral": 0}
+
+
+class Record(BaseModel):
+    """How often, and when, the working memory retrieved one note, and the feedback on it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_id: MemoryId = Field(description="The note this record is about.")
+    retrieval_count: int = Field(0, ge=0, description="Retrievals through the working memory.")
+    first_access_time: Timestamp = Field(description="When the record was created (aware UTC).")
+    last_access_time: Timestamp = Field(description="Last retrieval (aware UTC).")
+    feedback_history: list[tuple[Timestamp, Feedback]] = Field(
+        default_factory=list, description="Every feedback with its time, oldest first."
+    )
+    feedback_score: int = Field(0, description="Sum of the feedback scores (+1 / -1 / 0).")
+
+    @classmethod
+    def new(cls, memory_id: MemoryId, *, now: Timestamp | None = None) -> Record:
+        """A fresh record: no retrievals, both access times ``now`` (default: the current time)."""
+        now = Timestamp.now() if now is None else Timestamp.from_datetime(now)
+        return cls(memory_id=memory_id, first_access_time=now, last_access_time=now)
+
+    def record_retrieval(self, *, now: Timestamp | None = None) -> None:
+        """Adds 1 to ``retrieval_count`` and sets ``last_access_time``."""
+        self.retrieval_count += 1
+        self.last_access_time = Timestamp.now() if now is None else Timestamp.from_datetime(now)
+
+    def add_feedback(self, feedback: Feedback | str, *, now: Timestamp | None = None) -> None:
+        """Appends ``feedback`` to the history and adds its score (+1 / -1 / 0)."""
+        feedback = Feedback(feedback)
+        when = Timestamp.now() if now is None else Timestamp.from_datetime(now)
+        self.feedback_history.append((when, feedback))
+        self.feedback_score += feedback.score
+
+    def access_time_span(self) -> int:
+        """Whole seconds from ``first_access_time`` to ``last_access_time`` (truncated)."""
+        delta = self.last_access_time - self.first_access_time
+        return int(delta.total_seconds())
+
+    def feedback_between(
+        self, start: Timestamp, end: Timestamp
+    ) -> list[tuple[Timestamp, Feedback]]:
+        """Feedback with ``start <= time <= end``; empty when ``start > end``."""
+        return [(t, f) for t, f in self.feedback_history if start <= t <= end]
+
+    def feedback_after(self, start: Timestamp) -> list[tuple[Timestamp, Feedback]]:
+        """Feedback with ``time >= start``."""
+        return [(t, f) for t, f in self.feedback_history if t >= start]
+
+    def feedback_before(self, end: Timestamp) -> list[tuple[Timestamp, Feedback]]:
+        """Feedback with ``time < end``."""
+        return [(t, f) for t, f in self.feedback_history if t < end]
