@@ -276,9 +276,7 @@ def stack_field_embeddings(
         tag_mask[index] = True
     if cells:
         index = torch.tensor(cells, dtype=torch.long)
-        field_emb.view(n * f, d)[index] = torch.stack(
-            [v.to("cpu", torch.float32) for v in vectors]
-        )
+        field_emb.view(n * f, d)[index] = torch.stack([v.to("cpu", torch.float32) for v in vectors])
         field_mask.view(n * f)[index] = True
     return tag_emb, tag_mask, field_emb, field_mask
 
@@ -320,4 +318,3 @@ def _stack_tags_only(
         x[index] = torch.stack(vecs)
         mask[index] = True
     return x, mask, None, None
-

@@ -1,0 +1,98 @@
+"""An embedding plan: every output vector as a weighted sum of embedded (deduplicated) texts.
+
+Note and query embedding first walk their inputs in Python and record, for each output slot
+(a note field, a query unit field, a tag), which texts contribute with which weight. All texts
+are then embedded at once (deduplicated, in a few batched embedder calls) and every slot is
+assembled with one ``index_add_`` — means, weighted pools and blends are just weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from soulmem_torch.embedding.embedder import chunk_text, run_embedder
+from soulmem_torch.errors import ValidationError
+
+__all__ = ["EmbeddingPlan"]
+
+
+class EmbeddingPlan:
+    """Collects ``slot = Σ weight · embed(text)`` recipes; :meth:`assemble` evaluates them."""
+
+    def __init__(self, *, chunk_chars: int | None) -> None:
+        self.chunk_chars = chunk_chars
+        self._text_id: dict[str, int] = {}
+        self.texts: list[str] = []
+        self._origin: list[str] = []
+        self.num_slots = 0
+        self._slot: list[int] = []
+        self._text: list[int] = []
+        self._weight: list[float] = []
+
+    def new_slot(self) -> int:
+        """A new output slot (a zero vector until something is added to it)."""
+        self.num_slots += 1
+        return self.num_slots - 1
+
+    def _text_index(self, text: str, origin: str) -> int:
+        idx = self._text_id.get(text)
+        if idx is None:
+            idx = len(self.texts)
+            self._text_id[text] = idx
+            self.texts.append(text)
+            self._origin.append(origin)
+        return idx
+
+    def add(self, slot: int, text: str, weight: float, origin: str) -> None:
+        """``slot += weight · embed(text)`` (the whole text, as one embedder input)."""
+        if not isinstance(text, str):
+            raise ValidationError(f"{origin}: expected a str, found {type(text).__name__}")
+        self._slot.append(slot)
+        self._text.append(self._text_index(text, origin))
+        self._weight.append(weight)
+
+    def add_chunked(self, slot: int, text: str, weight: float, origin: str) -> None:
+        """``slot += weight · mean(embed(chunk) for chunk in chunks(text))``.
+
+        Long text is split into chunks of at most ``chunk_chars`` characters (the original's
+        ``infer_with_chunk``); text with no chunk (empty / whitespace) adds nothing, leaving the
+        zero vector.
+        """
+        if self.chunk_chars is None or not isinstance(text, str):
+            self.add(slot, text, weight, origin)  # (``add`` reports a non-str)
+            return
+        chunks = chunk_text(text, self.chunk_chars)
+        for chunk in chunks:
+            self.add(slot, chunk, weight / len(chunks), origin)
+
+    def describe(self, text_index: int) -> str:
+        return self._origin[text_index]
+
+    def assemble(
+        self,
+        embedder: Any,
+        *,
+        query: bool,
+        batch_size: int,
+        device: torch.device | str | None,
+    ) -> Tensor:
+        """Embeds every distinct text once and returns the slots, shape ``(num_slots, D)`` f32."""
+        vectors = run_embedder(
+            embedder,
+            self.texts,
+            query=query,
+            batch_size=batch_size,
+            device=device,
+            describe=self.describe,
+        )
+        dim = int(vectors.shape[1])
+        out = torch.zeros(self.num_slots, dim, dtype=torch.float32, device=vectors.device)
+        if self._slot:
+            slot = torch.tensor(self._slot, dtype=torch.long, device=vectors.device)
+            text = torch.tensor(self._text, dtype=torch.long, device=vectors.device)
+            weight = torch.tensor(self._weight, dtype=torch.float32, device=vectors.device)
+            out.index_add_(0, slot, vectors.index_select(0, text) * weight.unsqueeze(1))
+        return out

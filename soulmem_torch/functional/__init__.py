@@ -1,0 +1,46 @@
+"""Pure-torch kernels: dynamic edge weights, Personalized PageRank, BayesAction scores.
+
+Everything here follows its inputs' device and imports only torch (plus the package's error
+types and integer codes).
+"""
+
+from __future__ import annotations
+
+from soulmem_torch.functional.bayes import bayes_action_candidates, bayes_action_scores
+from soulmem_torch.functional.edge_weights import (
+    PREFERENCE_SEMANTIC,
+    PREFERENCE_SITUATION,
+    compute_rowptr,
+    dynamic_edge_weight,
+    normalized_edge_weight,
+    out_weight_sum,
+)
+from soulmem_torch.functional.ppr import (
+    PushStats,
+    TransitionOperator,
+    build_transition,
+    power_iteration_steps,
+    ppr_forward_push,
+    ppr_naive,
+    ppr_power_iteration,
+    ppr_sequential_push,
+)
+
+__all__ = [
+    "PREFERENCE_SEMANTIC",
+    "PREFERENCE_SITUATION",
+    "PushStats",
+    "TransitionOperator",
+    "bayes_action_candidates",
+    "bayes_action_scores",
+    "build_transition",
+    "compute_rowptr",
+    "dynamic_edge_weight",
+    "normalized_edge_weight",
+    "out_weight_sum",
+    "power_iteration_steps",
+    "ppr_forward_push",
+    "ppr_naive",
+    "ppr_power_iteration",
+    "ppr_sequential_push",
+]

@@ -1,0 +1,477 @@
+"""Fused similarity (SPEC §4): B queries against all N notes with batched matmuls, float32.
+
+Every cosine is a matmul of L2-normalized vectors (a zero vector stays zero, so ``cos = 0``
+whenever either side is all zeros); the structured rules are masked ``where`` / ``max`` / sums
+over fixed small field lists — no Python loop over notes, units or queries.
+
+Inputs (``B`` queries padded to ``U`` units, ``Q = len(QUERY_FIELD_NAMES)``, ``N`` notes,
+``F = len(FIELD_NAMES)``, width ``D``; see :mod:`soulmem_torch.embedding.fields`):
+
+==================  =============  ===============================================================
+argument            shape / dtype  meaning
+==================  =============  ===============================================================
+``query_tag``       (B, D) float   mean tag vector of each query (zero: no tags)
+``query_kind``      (B,) int       ``QUERY_SEMANTIC`` (0) / ``QUERY_SITUATION`` (1)
+``query_field``     (B, U, Q, D)   unit fields in ``QUERY_FIELD_NAMES`` order
+``query_field_mask``(B, U, Q) bool the unit has the field
+``query_unit_mask`` (B, U) bool    the unit exists
+``tag_emb``         (N, D) float   note tag vectors (``MemoryGraph.tag_emb``)
+``tag_mask``        (N,) bool      the note has an embedding (``MemoryGraph.tag_mask``)
+``field_emb``       (N, F, D)      note fields in ``FIELD_NAMES`` order (``MemoryGraph.field_emb``)
+``field_mask``      (N, F) bool    field present (``MemoryGraph.field_mask``)
+``node_type``       (N,) int       ``NODE_*`` codes (``MemoryGraph.node_type``)
+==================  =============  ===============================================================
+
+Rules (all weights from :class:`BlendWeights`, products and sums evaluated in float32 in the
+original's order):
+
+* Location: name; with query coordinates ``0.6·name + 0.4·coord``.
+* Participant: name and role → ``0.6·name + 0.4·role``; one → that one; none → 0.
+* Environment: both → ``0.5·atm + 0.5·tone``; one → that; none → 0.
+* Event: initiator and target → ``0.3·i + 0.3·t + 0.4·action``; initiator only →
+  ``(1 − 0.6)·i + 0.6·action``; target only → ``(1 − 0.6)·t + 0.6·action``; neither → action.
+* SpecificSituation vs a unit: ``max(0, narrative?, location? (both have one), participants?
+  (both), environment? (query has one), event? (both))``.
+* AbstractSituation vs a unit: ``max(0, its leaf's rule if the query has that part,
+  cos(query narrative, fused_self))``. The leaf is the one whose fields are present
+  (location, then participant, environment, event).
+* Semantic vs a unit: ``concept = max(cos(id, content), cos(id, aliases))`` if the unit has an
+  identifier else 0; with a description ``0.5·concept + 0.5·cos(desc, description)``.
+* Variant: Semantic query → mean over units (none → 0); Situation query → sum over units
+  (``BlendWeights.situation_units = "mean"`` averages instead); a kind mismatch and any
+  Procedure → 0.
+* Embedding score: note or query tag all zeros → variant; else ``0.3·cos(tags) + 0.7·variant``.
+  A Procedure note with tags thus still gets ``0.3·cos(tags)`` (as in the original).
+* Fused with the string channel: ``str <= 0 → emb``, else ``max(emb, α·emb + (1 − α)·str)``.
+* A note without an embedding (``tag_mask`` False) scores 0.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from soulmem_torch.embedding.fields import (
+    FIELD_INDEX,
+    FIELD_NAMES,
+    QUERY_FIELD_INDEX,
+    QUERY_FIELD_NAMES,
+    QUERY_SEMANTIC,
+    QUERY_SITUATION,
+)
+from soulmem_torch.errors import ValidationError
+from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SEMANTIC, NODE_SPECIFIC
+
+__all__ = [
+    "BlendWeights",
+    "cosine_scores",
+    "embedding_scores",
+    "fuse_string_scores",
+    "fused_similarity",
+    "normalize_rows",
+    "topk",
+]
+
+
+class BlendWeights(BaseModel):
+    """Every weight of the similarity score (the original's ``BlendWeights``), SPEC defaults.
+
+    ``situation_units`` is an addition: ``"sum"`` (SPEC, the default) adds the unit scores of a
+    Situation query; ``"mean"`` averages them like a Semantic query (later versions of the
+    original normalize that way).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tag: float = Field(0.3, ge=0.0, le=1.0, allow_inf_nan=False, description="Tag cosine weight.")
+    variant: float = Field(0.7, ge=0.0, le=1.0, allow_inf_nan=False, description="Variant weight.")
+    string_blend_alpha: float = Field(
+        0.6, ge=0.0, le=1.0, allow_inf_nan=False,
+        description="Embedding share α in max(emb, α·emb + (1 − α)·str).",
+    )  # fmt: skip
+    sem_concept: float = Field(0.5, ge=0.0, le=1.0, allow_inf_nan=False)
+    sem_description: float = Field(0.5, ge=0.0, le=1.0, allow_inf_nan=False)
+    sit_location_name: float = Field(0.6, ge=0.0, le=1.0, allow_inf_nan=False)
+    sit_location_coord: float = Field(0.4, ge=0.0, le=1.0, allow_inf_nan=False)
+    sit_participant_name: float = Field(0.6, ge=0.0, le=1.0, allow_inf_nan=False)
+    sit_participant_role: float = Field(0.4, ge=0.0, le=1.0, allow_inf_nan=False)
+    sit_env_atmosphere: float = Field(0.5, ge=0.0, le=1.0, allow_inf_nan=False)
+    sit_env_tone: float = Field(0.5, ge=0.0, le=1.0, allow_inf_nan=False)
+    sit_event_initiator: float = Field(0.3, ge=0.0, le=1.0, allow_inf_nan=False)
+    sit_event_target: float = Field(0.3, ge=0.0, le=1.0, allow_inf_nan=False)
+    sit_event_action: float = Field(0.4, ge=0.0, le=1.0, allow_inf_nan=False)
+    sit_event_initiator_only_action: float = Field(
+        0.6, ge=0.0, le=1.0, allow_inf_nan=False,
+        description="Action weight when the query event has only an initiator (initiator: 1 − it).",
+    )  # fmt: skip
+    sit_event_target_only_action: float = Field(
+        0.6, ge=0.0, le=1.0, allow_inf_nan=False,
+        description="Action weight when the query event has only a target (target: 1 − it).",
+    )  # fmt: skip
+    situation_units: Literal["sum", "mean"] = Field(
+        "sum", description="How a Situation query's unit scores combine."
+    )
+
+
+def f32(x: float) -> float:
+    """``x`` rounded to float32 (returned as a Python float)."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def one_minus_f32(x: float) -> float:
+    """``1.0 - x`` evaluated in float32, as the original's ``1.0 - w`` on an ``f32``."""
+    return f32(1.0 - f32(x))
+
+
+# -------------------------------------------------------------------------------------------
+# plain cosine and top-k
+# -------------------------------------------------------------------------------------------
+def normalize_rows(x: Tensor) -> Tensor:
+    """``x / ‖x‖`` along the last dim in float32; all-zero rows stay zero."""
+    x = x.to(torch.float32)
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return x / torch.where(norm > 0, norm, torch.ones_like(norm))
+
+
+def cosine_scores(query: Tensor, x: Tensor) -> Tensor:
+    """Plain-mode cosine of every query against every note vector.
+
+    Args:
+        query: shape (B, D) (or (D,)). Query vectors.
+        x: shape (N, D). Note vectors (e.g. ``stack_plain_embeddings``).
+
+    Returns:
+        shape (B, N) (or (N,)), float32; 0 wherever either vector is all zeros.
+
+    Raises:
+        ValidationError: widths differ or a tensor is not 1-/2-D.
+    """
+    squeeze = query.dim() == 1
+    q = query.unsqueeze(0) if squeeze else query
+    if q.dim() != 2 or x.dim() != 2:
+        raise ValidationError(
+            f"query / x: expected shapes (B, D) and (N, D), found {tuple(query.shape)} and "
+            f"{tuple(x.shape)}"
+        )
+    if q.shape[1] != x.shape[1]:
+        raise ValidationError(
+            f"x: expected width D = {q.shape[1]} (that of query), found {x.shape[1]}"
+        )
+    out = normalize_rows(q) @ normalize_rows(x).T
+    return out.squeeze(0) if squeeze else out
+
+
+def topk(scores: Tensor, k: int, *, dim: int = -1) -> tuple[Tensor, Tensor]:
+    """The ``k`` largest scores along ``dim``, descending; ties keep index order; NaN last.
+
+    Returns:
+        ``(values, indices)``, each with ``min(k, size)`` entries along ``dim``.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValidationError(f"k: expected an int >= 0, found {k!r}")
+    key = torch.nan_to_num(scores, nan=float("-inf"))
+    order = torch.sort(key, dim=dim, descending=True, stable=True).indices
+    order = order.narrow(dim, 0, min(k, scores.shape[dim]))
+    return scores.gather(dim, order), order
+
+
+# -------------------------------------------------------------------------------------------
+# structured similarity
+# -------------------------------------------------------------------------------------------
+_Q = QUERY_FIELD_INDEX
+_F = FIELD_INDEX
+
+
+def _check_inputs(
+    query_tag: Tensor,
+    query_kind: Tensor,
+    query_field: Tensor,
+    query_field_mask: Tensor,
+    query_unit_mask: Tensor,
+    tag_emb: Tensor,
+    tag_mask: Tensor,
+    field_emb: Tensor,
+    field_mask: Tensor,
+    node_type: Tensor,
+) -> tuple[int, int, int, int]:
+    if query_field.dim() != 4 or query_field.shape[2] != len(QUERY_FIELD_NAMES):
+        raise ValidationError(
+            f"query_field: expected shape (B, U, {len(QUERY_FIELD_NAMES)}, D), found "
+            f"{tuple(query_field.shape)}"
+        )
+    b, u, _, d = (int(s) for s in query_field.shape)
+    if field_emb.dim() != 3 or field_emb.shape[1] != len(FIELD_NAMES):
+        raise ValidationError(
+            f"field_emb: expected shape (N, {len(FIELD_NAMES)}, D), found {tuple(field_emb.shape)}"
+        )
+    n = int(field_emb.shape[0])
+    expected = {
+        "query_tag": (query_tag, (b, d)),
+        "query_kind": (query_kind, (b,)),
+        "query_field_mask": (query_field_mask, (b, u, len(QUERY_FIELD_NAMES))),
+        "query_unit_mask": (query_unit_mask, (b, u)),
+        "tag_emb": (tag_emb, (n, d)),
+        "tag_mask": (tag_mask, (n,)),
+        "field_emb": (field_emb, (n, len(FIELD_NAMES), d)),
+        "field_mask": (field_mask, (n, len(FIELD_NAMES))),
+        "node_type": (node_type, (n,)),
+    }
+    for name, (value, shape) in expected.items():
+        if tuple(value.shape) != shape:
+            raise ValidationError(
+                f"{name}: expected shape {shape} (B={b}, U={u}, N={n}, D={d}), found "
+                f"{tuple(value.shape)}"
+            )
+    for name in ("query_field_mask", "query_unit_mask", "tag_mask", "field_mask"):
+        if expected[name][0].dtype != torch.bool:
+            raise ValidationError(
+                f"{name}: expected a bool tensor, found {expected[name][0].dtype}"
+            )
+    return b, u, n, d
+
+
+class _Pair:
+    """Cosines between query unit fields (b, U, Q, D) and note fields (n, F, D)."""
+
+    def __init__(self, qn: Tensor, fn: Tensor) -> None:
+        self.qn, self.fn = qn, fn
+
+    def __call__(self, q_name: str, f_name: str) -> Tensor:
+        # (b, U, D) @ (D, n) -> (b, U, n)
+        return torch.matmul(self.qn[:, :, _Q[q_name]], self.fn[:, _F[f_name]].T)
+
+
+def _semantic_variant(qn: Tensor, qm: Tensor, um: Tensor, fn: Tensor, w: BlendWeights) -> Tensor:
+    """(b, n): mean over units of the Semantic unit score."""
+    cos = _Pair(qn, fn)
+    has_concept = qm[:, :, _Q["concept"]].unsqueeze(-1)
+    has_desc = qm[:, :, _Q["description"]].unsqueeze(-1)
+    concept = torch.maximum(cos("concept", "content"), cos("concept", "aliases"))
+    concept = torch.where(has_concept, concept, 0.0)
+    unit = torch.where(
+        has_desc,
+        w.sem_concept * concept + w.sem_description * cos("description", "description"),
+        concept,
+    )
+    unit = torch.where(um.unsqueeze(-1), unit, 0.0)
+    count = um.sum(dim=1, keepdim=True).to(torch.float32)
+    return unit.sum(dim=1) / torch.where(count > 0, count, torch.ones_like(count))
+
+
+def _situation_variant(
+    qn: Tensor,
+    qm: Tensor,
+    um: Tensor,
+    fn: Tensor,
+    fm: Tensor,
+    ntype: Tensor,
+    w: BlendWeights,
+) -> Tensor:
+    """(b, n): sum (or mean) over units of the SpecificSituation / AbstractSituation score."""
+    cos = _Pair(qn, fn)
+
+    def q(name: str) -> Tensor:  # (b, U, 1)
+        return qm[:, :, _Q[name]].unsqueeze(-1)
+
+    def has(name: str) -> Tensor:  # (n,)
+        return fm[:, _F[name]]
+
+    q_nar, q_ln, q_lc = q("narrative"), q("location_name"), q("location_coordinates")
+    q_pn, q_pr = q("participant_name"), q("participant_role")
+    q_ea, q_et = q("environment_atmosphere"), q("environment_tone")
+    q_aa, q_ai, q_at = q("event_action"), q("event_initiator"), q("event_target")
+
+    name = cos("location_name", "location_name")
+    location = torch.where(
+        q_lc,
+        w.sit_location_name * name
+        + w.sit_location_coord * cos("location_coordinates", "location_coordinates"),
+        name,
+    )
+    p_name = cos("participant_name", "participant_name")
+    p_role = cos("participant_role", "participant_role")
+    participant = torch.where(
+        q_pn & q_pr,
+        w.sit_participant_name * p_name + w.sit_participant_role * p_role,
+        torch.where(q_pn, p_name, torch.where(q_pr, p_role, 0.0)),
+    )
+    atm = cos("environment_atmosphere", "environment_atmosphere")
+    tone = cos("environment_tone", "environment_tone")
+    environment = torch.where(
+        q_ea & q_et,
+        w.sit_env_atmosphere * atm + w.sit_env_tone * tone,
+        torch.where(q_ea, atm, torch.where(q_et, tone, 0.0)),
+    )
+    action = cos("event_action", "event_action")
+    initiator = cos("event_initiator", "event_initiator")
+    target = cos("event_target", "event_target")
+    a_i = f32(w.sit_event_initiator_only_action)
+    a_t = f32(w.sit_event_target_only_action)
+    event = torch.where(
+        q_ai & q_at,
+        w.sit_event_initiator * initiator
+        + w.sit_event_target * target
+        + w.sit_event_action * action,
+        torch.where(
+            q_ai,
+            one_minus_f32(a_i) * initiator + a_i * action,
+            torch.where(q_at, one_minus_f32(a_t) * target + a_t * action, action),
+        ),
+    )
+
+    q_loc, q_part, q_env = q_ln, q_pn | q_pr, q_ea | q_et
+    n_loc, n_part, n_event = has("location_name"), has("participant_name"), has("event_action")
+    zero = torch.zeros((), dtype=torch.float32, device=qn.device)
+
+    # SpecificSituation: max(0, every score that exists)
+    specific = torch.where(q_nar, cos("narrative", "narrative"), zero).clamp_min(0.0)
+    specific = torch.maximum(specific, torch.where(q_loc & n_loc, location, zero))
+    specific = torch.maximum(specific, torch.where(q_part & n_part, participant, zero))
+    specific = torch.maximum(specific, torch.where(q_env, environment, zero))
+    specific = torch.maximum(specific, torch.where(q_aa & n_event, event, zero))
+
+    # AbstractSituation: max(0, its leaf's structured score, cos(narrative, fused_self))
+    is_abs = ntype == NODE_ABSTRACT
+    leaf_loc = n_loc
+    leaf_part = ~leaf_loc & n_part
+    leaf_env = ~leaf_loc & ~leaf_part & (has("environment_atmosphere") | has("environment_tone"))
+    leaf_event = ~leaf_loc & ~leaf_part & ~leaf_env & n_event
+    structured = torch.where(
+        leaf_loc & q_loc,
+        location,
+        torch.where(
+            leaf_part & q_part,
+            participant,
+            torch.where(leaf_env & q_env, environment, torch.where(leaf_event & q_aa, event, zero)),
+        ),
+    )
+    abstract = torch.maximum(
+        structured.clamp_min(0.0), torch.where(q_nar, cos("narrative", "fused_self"), zero)
+    )
+
+    unit = torch.where(ntype == NODE_SPECIFIC, specific, torch.where(is_abs, abstract, zero))
+    unit = torch.where(um.unsqueeze(-1), unit, zero)
+    total = unit.sum(dim=1)
+    if w.situation_units == "mean":
+        count = um.sum(dim=1, keepdim=True).to(torch.float32)
+        total = total / torch.where(count > 0, count, torch.ones_like(count))
+    return total
+
+
+def embedding_scores(
+    query_tag: Tensor,
+    query_kind: Tensor,
+    query_field: Tensor,
+    query_field_mask: Tensor,
+    query_unit_mask: Tensor,
+    tag_emb: Tensor,
+    tag_mask: Tensor,
+    field_emb: Tensor,
+    field_mask: Tensor,
+    node_type: Tensor,
+    *,
+    weights: BlendWeights | None = None,
+) -> Tensor:
+    """The embedding score (tag blend of the variant score) of B queries vs N notes.
+
+    See the module docstring for the arguments and the rules.
+
+    Returns:
+        shape (B, N), float32, on the inputs' device.
+
+    Raises:
+        ValidationError: inconsistent shapes (naming the argument) or non-bool masks.
+    """
+    w = weights if weights is not None else BlendWeights()
+    b, _, n, _ = _check_inputs(
+        query_tag, query_kind, query_field, query_field_mask, query_unit_mask,
+        tag_emb, tag_mask, field_emb, field_mask, node_type,
+    )  # fmt: skip
+    device = query_field.device
+    fm = field_mask.to(device)
+    # normalize_rows returns a fresh tensor, so absent fields can be zeroed in place (whatever
+    # the input holds there)
+    fn = normalize_rows(field_emb.to(device)).masked_fill_(~fm.unsqueeze(-1), 0.0)
+    um = query_unit_mask
+    qm = query_field_mask & um.unsqueeze(-1)
+    qn = normalize_rows(query_field).masked_fill_(~qm.unsqueeze(-1), 0.0)
+    ntype = node_type.to(device)
+    kind = query_kind.to(device)
+
+    variant = torch.zeros(b, n, dtype=torch.float32, device=device)
+    sem_q = (kind == QUERY_SEMANTIC).nonzero().squeeze(1)
+    sit_q = (kind == QUERY_SITUATION).nonzero().squeeze(1)
+    sem_n = (ntype == NODE_SEMANTIC).nonzero().squeeze(1)
+    sit_n = ((ntype == NODE_SPECIFIC) | (ntype == NODE_ABSTRACT)).nonzero().squeeze(1)
+    if sem_q.numel() and sem_n.numel():
+        variant[sem_q.unsqueeze(1), sem_n.unsqueeze(0)] = _semantic_variant(
+            qn[sem_q], qm[sem_q], um[sem_q], fn[sem_n], w
+        )
+    if sit_q.numel() and sit_n.numel():
+        variant[sit_q.unsqueeze(1), sit_n.unsqueeze(0)] = _situation_variant(
+            qn[sit_q], qm[sit_q], um[sit_q], fn[sit_n], fm[sit_n], ntype[sit_n], w
+        )
+
+    has_emb = tag_mask.to(device)
+    tag = tag_emb.to(device, torch.float32)
+    tag_cos = normalize_rows(query_tag) @ (normalize_rows(tag) * has_emb.unsqueeze(-1)).T
+    q_zero = ~(query_tag != 0).any(dim=-1)
+    n_zero = ~((tag != 0).any(dim=-1) & has_emb)
+    no_tag = q_zero.unsqueeze(1) | n_zero.unsqueeze(0)
+    score = torch.where(no_tag, variant, w.tag * tag_cos + w.variant * variant)
+    return torch.where(has_emb.unsqueeze(0), score, 0.0)
+
+
+def fuse_string_scores(emb_scores: Tensor, string_scores: Tensor, *, alpha: float = 0.6) -> Tensor:
+    """``str <= 0 → emb``, else ``max(emb, α·emb + (1 − α)·str)`` (float32, elementwise).
+
+    Args:
+        emb_scores: shape (B, N). Embedding scores.
+        string_scores: shape (B, N). String-channel scores (0 where not applicable).
+        alpha: in [0, 1]. ``string_blend_alpha``.
+    """
+    if emb_scores.shape != string_scores.shape:
+        raise ValidationError(
+            f"string_scores: expected shape {tuple(emb_scores.shape)} (that of the embedding "
+            f"scores), found {tuple(string_scores.shape)}"
+        )
+    s = string_scores.to(emb_scores.device, torch.float32)
+    a = f32(alpha)
+    blended = a * emb_scores + one_minus_f32(a) * s
+    return torch.where(s <= 0, emb_scores, torch.maximum(emb_scores, blended))
+
+
+def fused_similarity(
+    query_tag: Tensor,
+    query_kind: Tensor,
+    query_field: Tensor,
+    query_field_mask: Tensor,
+    query_unit_mask: Tensor,
+    tag_emb: Tensor,
+    tag_mask: Tensor,
+    field_emb: Tensor,
+    field_mask: Tensor,
+    node_type: Tensor,
+    *,
+    string_scores: Tensor | None = None,
+    weights: BlendWeights | None = None,
+) -> Tensor:
+    """The original's ``compute_fused`` for B queries vs N notes: shape (B, N), float32.
+
+    :func:`embedding_scores` fused with the string channel (``string_scores``, shape (B, N),
+    ``None`` = no string channel) by ``weights.string_blend_alpha``; notes without an embedding
+    score 0.
+    """
+    w = weights if weights is not None else BlendWeights()
+    emb = embedding_scores(
+        query_tag, query_kind, query_field, query_field_mask, query_unit_mask,
+        tag_emb, tag_mask, field_emb, field_mask, node_type, weights=w,
+    )  # fmt: skip
+    if string_scores is None:
+        return emb
+    fused = fuse_string_scores(emb, string_scores, alpha=w.string_blend_alpha)
+    return torch.where(tag_mask.to(emb.device).unsqueeze(0), fused, 0.0)

@@ -1,0 +1,365 @@
+"""The string channel (SPEC §4): exact-identifier string similarity, batched.
+
+``sds(a, b)`` = 1 if both are empty, 0 if one is, else
+``max(JaroWinkler(a, b), 1 − Levenshtein(a, b) / max_len)`` over Unicode characters (code
+points, like Rust's ``chars()``), each cast to float32 as the original does. Jaro's match window
+is ``max(len) // 2 − 1`` (0 for strings of up to 3 characters: only same-position matches), the
+Winkler bonus is 0.1 per common-prefix character, up to 4, applied only when Jaro > 0.7.
+
+The batched path uses rapidfuzz's ``JaroWinkler.similarity`` and
+``Levenshtein.normalized_similarity`` (C++, ``process.cdist``), which were checked against the
+pure-Python reference implementations below (:func:`jaro_winkler_similarity`,
+:func:`normalized_levenshtein_similarity`) on CJK, Latin, mixed and astral-plane strings of
+length 0–150, including short CJK strings with window 0; they agree to the last bit. The
+reference functions stay for tests and as a fallback.
+
+Which strings are compared (the original's ``compute_note_string_score_weighted``):
+
+* Semantic note vs Semantic query: max over units with a concept identifier of
+  ``max(sds(id, content), sds(id, alias) for each alias)``.
+* AbstractSituation note vs Situation query: Location → max over query locations of
+  ``sds(names)``; Participant → max over named query participants of ``sds(names)``;
+  Environment → max over units with an atmosphere of ``sds(atmospheres)``; Event → per query
+  event ``sds`` of action / initiator / target combined 0.3/0.3/0.4 (both), 0.4/0.6 (one),
+  action alone (none); max over events.
+* Everything else → 0.
+
+:class:`IdentifierIndex` (built once per set of notes) and :class:`QueryIdentifiers` (one per
+query) are plain data; :func:`string_channel_scores` computes every distinct
+(query string, identifier string) pair once and max-pools into a ``(B, N)`` tensor.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "IdentifierIndex",
+    "QueryIdentifiers",
+    "jaro_similarity",
+    "jaro_winkler_similarity",
+    "normalized_levenshtein_similarity",
+    "string_channel_scores",
+    "string_distance_matrix",
+    "string_distance_score",
+    "string_distance_score_reference",
+]
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+# -------------------------------------------------------------------------------------------
+# reference implementations (pure Python, the SPEC definition)
+# -------------------------------------------------------------------------------------------
+def jaro_similarity(a: str, b: str) -> float:
+    """Jaro similarity on code points; window ``max(len) // 2 − 1`` (at least 0)."""
+    la, lb = len(a), len(b)
+    if la == 0 and lb == 0:
+        return 1.0
+    if la == 0 or lb == 0:
+        return 0.0
+    window = max(max(la, lb) // 2 - 1, 0)
+    a_hit = [False] * la
+    b_hit = [False] * lb
+    matches = 0
+    for i, ch in enumerate(a):
+        for j in range(max(0, i - window), min(lb, i + window + 1)):
+            if not b_hit[j] and b[j] == ch:
+                a_hit[i] = b_hit[j] = True
+                matches += 1
+                break
+    if matches == 0:
+        return 0.0
+    transpositions = 0
+    j = 0
+    for i in range(la):
+        if a_hit[i]:
+            while not b_hit[j]:
+                j += 1
+            if a[i] != b[j]:
+                transpositions += 1
+            j += 1
+    transpositions //= 2
+    return (matches / la + matches / lb + (matches - transpositions) / matches) / 3.0
+
+
+def jaro_winkler_similarity(a: str, b: str) -> float:
+    """Jaro-Winkler: ``jaro + 0.1·prefix·(1 − jaro)`` (prefix ≤ 4) when ``jaro > 0.7``."""
+    sim = jaro_similarity(a, b)
+    if sim > 0.7:
+        prefix = 0
+        for x, y in zip(a[:4], b[:4]):
+            if x != y:
+                break
+            prefix += 1
+        sim += 0.1 * prefix * (1.0 - sim)
+    return sim
+
+
+def normalized_levenshtein_similarity(a: str, b: str) -> float:
+    """``1 − levenshtein(a, b) / max(len(a), len(b))``; 1.0 for two empty strings."""
+    la, lb = len(a), len(b)
+    if max(la, lb) == 0:
+        return 1.0
+    prev = list(range(lb + 1))
+    for i in range(1, la + 1):
+        cur = [i] + [0] * lb
+        ca = a[i - 1]
+        for j in range(1, lb + 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != b[j - 1]))
+        prev = cur
+    return 1.0 - prev[lb] / max(la, lb)
+
+
+def string_distance_score_reference(a: str, b: str) -> float:
+    """``sds(a, b)`` from the reference implementations (float32 semantics)."""
+    if not a and not b:
+        return 1.0
+    if not a or not b:
+        return 0.0
+    return max(_f32(jaro_winkler_similarity(a, b)), _f32(normalized_levenshtein_similarity(a, b)))
+
+
+# -------------------------------------------------------------------------------------------
+# fast path (rapidfuzz)
+# -------------------------------------------------------------------------------------------
+def string_distance_score(a: str, b: str) -> float:
+    """``sds(a, b)`` (rapidfuzz), a float32 value returned as a Python float."""
+    from rapidfuzz.distance import JaroWinkler, Levenshtein
+
+    if not a and not b:
+        return 1.0
+    if not a or not b:
+        return 0.0
+    return max(_f32(JaroWinkler.similarity(a, b)), _f32(Levenshtein.normalized_similarity(a, b)))
+
+
+def string_distance_matrix(queries: Sequence[str], choices: Sequence[str]) -> np.ndarray:
+    """``sds`` of every query string against every choice: shape (Q, C), float32."""
+    q, c = len(queries), len(choices)
+    if q == 0 or c == 0:
+        return np.zeros((q, c), dtype=np.float32)
+    from rapidfuzz import process
+    from rapidfuzz.distance import JaroWinkler, Levenshtein
+
+    jw = process.cdist(queries, choices, scorer=JaroWinkler.similarity, dtype=np.float64)
+    lev = process.cdist(
+        queries, choices, scorer=Levenshtein.normalized_similarity, dtype=np.float64
+    )
+    out = np.maximum(jw.astype(np.float32), lev.astype(np.float32))
+    q_empty = np.array([len(s) == 0 for s in queries])
+    c_empty = np.array([len(s) == 0 for s in choices])
+    out[q_empty[:, None] ^ c_empty[None, :]] = 0.0
+    out[q_empty[:, None] & c_empty[None, :]] = 1.0
+    return out
+
+
+# -------------------------------------------------------------------------------------------
+# identifier index and batched scores
+# -------------------------------------------------------------------------------------------
+class _Strings:
+    """A list of distinct strings with their positions."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self._pos: dict[str, int] = {}
+
+    def __call__(self, s: str) -> int:
+        pos = self._pos.get(s)
+        if pos is None:
+            pos = len(self.items)
+            self._pos[s] = pos
+            self.items.append(s)
+        return pos
+
+
+@dataclass
+class _Members:
+    """Which (note, string) pairs an identifier kind has."""
+
+    strings: _Strings = field(default_factory=_Strings)
+    notes: list[int] = field(default_factory=list)
+    refs: list[int] = field(default_factory=list)
+
+    def add(self, note: int, s: str) -> None:
+        self.notes.append(note)
+        self.refs.append(self.strings(s))
+
+
+@dataclass
+class IdentifierIndex:
+    """The exact identifiers of N notes, grouped by kind (build with :meth:`add_*`).
+
+    ``semantic``: content and aliases of Semantic notes; ``location`` / ``participant`` /
+    ``environment``: the name / name / atmosphere of AbstractSituation leaves; ``events``:
+    ``(note, action, initiator, target)`` of abstract Event leaves.
+    """
+
+    num_nodes: int = 0
+    semantic: _Members = field(default_factory=_Members)
+    location: _Members = field(default_factory=_Members)
+    participant: _Members = field(default_factory=_Members)
+    environment: _Members = field(default_factory=_Members)
+    event_strings: _Strings = field(default_factory=_Strings)
+    event_notes: list[int] = field(default_factory=list)
+    event_refs: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def add_semantic(self, note: int, content: str, aliases: Sequence[str]) -> None:
+        self.semantic.add(note, content)
+        for alias in aliases:
+            self.semantic.add(note, alias)
+
+    def add_location(self, note: int, name: str) -> None:
+        self.location.add(note, name)
+
+    def add_participant(self, note: int, name: str) -> None:
+        self.participant.add(note, name)
+
+    def add_environment(self, note: int, atmosphere: str) -> None:
+        self.environment.add(note, atmosphere)
+
+    def add_event(self, note: int, action: str, initiator: str, target: str) -> None:
+        s = self.event_strings
+        self.event_notes.append(note)
+        self.event_refs.append((s(action), s(initiator), s(target)))
+
+
+@dataclass
+class QueryIdentifiers:
+    """The exact identifiers of one query.
+
+    ``semantic``: True for a Semantic query. ``concepts``: identifiers of its units that have
+    one; ``locations`` / ``participants`` / ``atmospheres``: location names, named participants'
+    names and atmospheres over all units; ``events``: ``(action, initiator?, target?)`` over
+    all units.
+    """
+
+    semantic: bool
+    concepts: list[str] = field(default_factory=list)
+    locations: list[str] = field(default_factory=list)
+    participants: list[str] = field(default_factory=list)
+    atmospheres: list[str] = field(default_factory=list)
+    events: list[tuple[str, str | None, str | None]] = field(default_factory=list)
+
+
+def _pool_kind(
+    out: Tensor,
+    members: _Members,
+    per_query: Sequence[Sequence[str]],
+) -> None:
+    """out[b, note] = max(out, max over the query's strings q and the note's strings s of sds)."""
+    if not members.notes:
+        return
+    rows = _Strings()
+    pairs_q: list[int] = []
+    pairs_r: list[int] = []
+    for b, strings in enumerate(per_query):
+        for s in strings:
+            pairs_q.append(b)
+            pairs_r.append(rows(s))
+    if not pairs_q:
+        return
+    device = out.device
+    sds = torch.from_numpy(string_distance_matrix(rows.items, members.strings.items)).to(device)
+    bsz = out.shape[0]
+    # best score of each query against each identifier string: (B, S)
+    per_string = torch.zeros(bsz, sds.shape[1], dtype=torch.float32, device=device)
+    q_idx = torch.tensor(pairs_q, dtype=torch.long, device=device)
+    r_idx = torch.tensor(pairs_r, dtype=torch.long, device=device)
+    src = sds[r_idx]
+    per_string.scatter_reduce_(0, q_idx.unsqueeze(1).expand_as(src), src, "amax")
+    # best over each note's strings: (B, N)
+    notes = torch.tensor(members.notes, dtype=torch.long, device=device)
+    refs = torch.tensor(members.refs, dtype=torch.long, device=device)
+    src = per_string[:, refs]
+    out.scatter_reduce_(1, notes.unsqueeze(0).expand_as(src), src, "amax")
+
+
+def string_channel_scores(
+    index: IdentifierIndex,
+    queries: Sequence[QueryIdentifiers],
+    *,
+    event_weights: tuple[float, float, float, float, float] = (0.3, 0.3, 0.4, 0.6, 0.6),
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """String-channel scores of B queries against the N indexed notes: (B, N), float32.
+
+    Args:
+        index: the notes' identifiers.
+        queries: one :class:`QueryIdentifiers` per query.
+        event_weights: ``(initiator, target, action, initiator_only_action,
+            target_only_action)`` — the ``sit_event_*`` blend weights.
+        device: ``None`` → CPU.
+
+    Returns:
+        shape (B, N); 0 where the channel does not apply.
+    """
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    bsz = len(queries)
+    out = torch.zeros(bsz, index.num_nodes, dtype=torch.float32, device=dev)
+    if bsz == 0 or index.num_nodes == 0:
+        return out
+    sem = [q.concepts if q.semantic else [] for q in queries]
+    _pool_kind(out, index.semantic, sem)
+    sit = [not q.semantic for q in queries]
+    _pool_kind(out, index.location, [q.locations if s else [] for q, s in zip(queries, sit)])
+    _pool_kind(out, index.participant, [q.participants if s else [] for q, s in zip(queries, sit)])
+    _pool_kind(out, index.environment, [q.atmospheres if s else [] for q, s in zip(queries, sit)])
+    _event_scores(out, index, queries, sit, event_weights)
+    return out
+
+
+def _event_scores(
+    out: Tensor,
+    index: IdentifierIndex,
+    queries: Sequence[QueryIdentifiers],
+    sit: Sequence[bool],
+    weights: tuple[float, float, float, float, float],
+) -> None:
+    if not index.event_notes:
+        return
+    rows = _Strings()
+    ev_query: list[int] = []
+    ev_refs: list[tuple[int, int, int]] = []
+    ev_has: list[tuple[bool, bool]] = []
+    for b, (q, s) in enumerate(zip(queries, sit)):
+        if not s:
+            continue
+        for action, initiator, target in q.events:
+            ev_query.append(b)
+            ev_refs.append((rows(action), rows(initiator or ""), rows(target or "")))
+            ev_has.append((initiator is not None, target is not None))
+    if not ev_query:
+        return
+    device = out.device
+    sds = torch.from_numpy(string_distance_matrix(rows.items, index.event_strings.items)).to(device)
+    q_refs = torch.tensor(ev_refs, dtype=torch.long, device=device)  # (E, 3)
+    n_refs = torch.tensor(index.event_refs, dtype=torch.long, device=device)  # (M, 3)
+    has = torch.tensor(ev_has, dtype=torch.bool, device=device)  # (E, 2)
+    action = sds[q_refs[:, 0].unsqueeze(1), n_refs[:, 0].unsqueeze(0)]  # (E, M)
+    initiator = sds[q_refs[:, 1].unsqueeze(1), n_refs[:, 1].unsqueeze(0)]
+    target = sds[q_refs[:, 2].unsqueeze(1), n_refs[:, 2].unsqueeze(0)]
+    initiator = torch.where(has[:, :1], initiator, 0.0)
+    target = torch.where(has[:, 1:], target, 0.0)
+    w_i, w_t, w_a, a_i, a_t = (_f32(w) for w in weights)
+    both = w_i * initiator + w_t * target + w_a * action
+    only_i = _f32(1.0 - a_i) * initiator + a_i * action
+    only_t = _f32(1.0 - a_t) * target + a_t * action
+    score = torch.where(
+        has[:, :1] & has[:, 1:],
+        both,
+        torch.where(has[:, :1], only_i, torch.where(has[:, 1:], only_t, action)),
+    )
+    per_note = torch.zeros(out.shape[0], score.shape[1], dtype=torch.float32, device=device)
+    q_idx = torch.tensor(ev_query, dtype=torch.long, device=device)
+    per_note.scatter_reduce_(0, q_idx.unsqueeze(1).expand_as(score), score, "amax")
+    notes = torch.tensor(index.event_notes, dtype=torch.long, device=device)
+    out.scatter_reduce_(1, notes.unsqueeze(0).expand_as(per_note), per_note, "amax")

@@ -1,0 +1,239 @@
+"""Batched building blocks shared by the strategies: devices, cached operators, PPR, top-k.
+
+Everything here works on a ``MemoryGraph`` and ``(N, B)`` matrices (one column per request), so
+one request and a thousand take the same code path. Ids are converted to indices on the way in
+and back to ids once on the way out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from soulmem_torch.errors import DeviceResolutionError, ValidationError
+from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SPECIFIC
+from soulmem_torch.functional.edge_weights import dynamic_edge_weight
+from soulmem_torch.functional.ppr import (
+    TransitionOperator,
+    build_transition,
+    ppr_forward_push,
+    ppr_power_iteration,
+    ppr_sequential_push,
+)
+from soulmem_torch.model import MemoryId
+from soulmem_torch.retrieve.config import AssociationConfig, PprMethod
+
+__all__ = [
+    "edge_weights",
+    "resolve_device",
+    "run_association",
+    "sources_matrix",
+    "situation_mask",
+    "topk_lists",
+    "topk_mask",
+    "transition",
+]
+
+Source = Sequence[tuple[MemoryId, float]]
+
+
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """``None`` → CPU; ``"auto"`` → CUDA when available, else CPU; otherwise as given."""
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise DeviceResolutionError(
+            f"device: expected None, 'auto', 'cpu', 'cuda' or 'cuda:N', found {device!r} ({exc})"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceResolutionError(
+            f"device: {device!r} asked for CUDA, but torch.cuda.is_available() is False"
+        )
+    return dev
+
+
+def _weight_key(config: AssociationConfig) -> tuple[Any, ...]:
+    return (
+        config.preference.boosts,
+        config.resolved_intensity_factor,
+        config.resolved_confidence_factor,
+    )
+
+
+def edge_weights(graph: Any, config: AssociationConfig) -> Tensor:
+    """Dynamic edge weights (SPEC §5), float64, cached on the snapshot per preference/factors."""
+    key = ("edge_weight", *_weight_key(config))
+    cached = graph.cache.get(key)
+    if cached is None:
+        cached = dynamic_edge_weight(
+            graph.edge_index,
+            graph.edge_kind,
+            graph.intensity,
+            graph.confidence,
+            graph.node_type,
+            preference=config.preference.boosts,
+            intensity_factor=config.resolved_intensity_factor,
+            confidence_factor=config.resolved_confidence_factor,
+        )
+        graph.cache[key] = cached
+    return cached
+
+
+def transition(graph: Any, config: AssociationConfig) -> TransitionOperator:
+    """The row-normalized transition operator, built once per snapshot and preference."""
+    key = ("transition", *_weight_key(config))
+    cached = graph.cache.get(key)
+    if cached is None:
+        cached = build_transition(
+            graph.edge_index, edge_weights(graph, config), num_nodes=int(graph.num_nodes)
+        )
+        graph.cache[key] = cached
+    return cached
+
+
+def sources_matrix(
+    graph: Any, sources: Sequence[Source], *, float32_scores: bool, what: str = "source"
+) -> tuple[Tensor, Tensor]:
+    """Scored ids of B requests → ``(weights (N, B) float64, keys (N, B) bool)``.
+
+    Unknown ids are dropped; a repeated id keeps its last score. With ``float32_scores`` the
+    scores are rounded to float32 first and widened (the original's ``f32`` similarity scores).
+
+    Raises:
+        ValidationError: a score that is NaN, infinite or negative (naming the request and id).
+    """
+    n = int(graph.num_nodes)
+    b = len(sources)
+    index_of = graph.index_of
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    for j, source in enumerate(sources):
+        seen: dict[int, float] = {}
+        for item in source:
+            try:
+                mid, score = item
+            except (TypeError, ValueError):
+                raise ValidationError(
+                    f"{what}[{j}]: expected (MemoryId, score) pairs, found {item!r}"
+                ) from None
+            score = float(score)
+            if not (score >= 0.0 and score != float("inf")):
+                raise ValidationError(
+                    f"{what}[{j}]: expected finite scores >= 0, found {score!r} for {mid}"
+                )
+            i = index_of.get(mid)
+            if i is not None:
+                seen[i] = score
+        rows.extend(seen)
+        cols.extend([j] * len(seen))
+        vals.extend(seen.values())
+    device = graph.device
+    weights = torch.zeros(n, b, dtype=torch.float64)
+    keys = torch.zeros(n, b, dtype=torch.bool)
+    if rows:
+        r = torch.tensor(rows, dtype=torch.int64)
+        c = torch.tensor(cols, dtype=torch.int64)
+        v = torch.tensor(vals, dtype=torch.float32 if float32_scores else torch.float64)
+        weights[r, c] = v.to(torch.float64)
+        keys[r, c] = True
+    return weights.to(device), keys.to(device)
+
+
+def run_association(
+    graph: Any, weights: Tensor, keys: Tensor, config: AssociationConfig
+) -> tuple[Tensor, Tensor]:
+    """PPR of every column with the configured method → ``(scores (N, B) f64, ok (B,) bool)``.
+
+    A column with no key or a zero weight sum gives ``ok = False`` (the strategies return ``[]``).
+    """
+    n = int(graph.num_nodes)
+    b = weights.shape[1]
+    ok = keys.any(dim=0) & (weights.sum(dim=0) > 0)
+    out = torch.zeros(n, b, dtype=torch.float64, device=weights.device)
+    if n == 0 or not bool(ok.any()):
+        return out, ok
+    cols = ok.nonzero().reshape(-1)
+    p, k = weights[:, cols], keys[:, cols]
+    damping, threshold = config.damping_factor, config.residue_threshold
+    if config.method is PprMethod.SEQUENTIAL:
+        edge_index = graph.edge_index.cpu()
+        w = edge_weights(graph, config).cpu()
+        pc, kc = p.cpu(), k.cpu()
+        results = []
+        for j in range(pc.shape[1]):  # the parity oracle is sequential by definition
+            idx = kc[:, j].nonzero().reshape(-1)
+            r = ppr_sequential_push(
+                edge_index, w, idx, pc[idx, j], num_nodes=n, damping=damping, threshold=threshold
+            )
+            results.append(r if r.numel() else torch.zeros(n, dtype=torch.float64))
+        res = torch.stack(results, dim=1).to(weights.device)
+    elif config.method is PprMethod.PUSH:
+        res = ppr_forward_push(
+            transition(graph, config), p, key_mask=k, damping=damping, threshold=threshold
+        )
+    else:
+        res = ppr_power_iteration(
+            transition(graph, config), p, key_mask=k, damping=damping, tol=config.power_tol
+        )
+    out[:, cols] = res
+    ok = ok.clone()
+    ok[cols] = res.sum(dim=0) > 0
+    return out, ok
+
+
+def topk_mask(scores: Tensor, present: Tensor, top_k: int) -> Tensor:
+    """Bool (N, B): the entries :func:`topk_lists` would return."""
+    n, b = scores.shape
+    selected = torch.zeros(b, n, dtype=torch.bool, device=scores.device)
+    if n == 0 or b == 0:
+        return selected.T
+    k = min(int(top_k), n)
+    masked = torch.where(present, scores, torch.full_like(scores, float("-inf")))
+    _, order = torch.sort(masked.T, dim=1, descending=True, stable=True)
+    order = order[:, :k]
+    selected.scatter_(1, order, torch.gather(present.T, 1, order))
+    return selected.T
+
+
+def topk_lists(
+    graph: Any,
+    scores: Tensor,
+    present: Tensor,
+    top_k: int,
+    *,
+    as_float32: bool = False,
+) -> list[list[tuple[MemoryId, float]]]:
+    """Per column: entries where ``present`` is True, stable-sorted descending, first ``top_k``.
+
+    Ties keep node order. ``scores``/``present``: shape (N, B). One host transfer in all.
+    """
+    n, b = scores.shape
+    if n == 0 or b == 0:
+        return [[] for _ in range(b)]
+    k = min(int(top_k), n)
+    masked = torch.where(present, scores, torch.full_like(scores, float("-inf")))
+    values, order = torch.sort(masked.T, dim=1, descending=True, stable=True)
+    values, order = values[:, :k], order[:, :k]
+    keep = torch.isfinite(values) | (values == float("inf"))
+    keep &= torch.gather(present.T, 1, order)
+    if as_float32:
+        values = values.to(torch.float32)
+    ids = graph.ids
+    out: list[list[tuple[MemoryId, float]]] = []
+    for vrow, irow, krow in zip(values.tolist(), order.tolist(), keep.tolist()):
+        out.append([(ids[i], v) for v, i, kk in zip(vrow, irow, krow) if kk])
+    return out
+
+
+def situation_mask(graph: Any) -> Tensor:
+    """Bool (N,): Specific or Abstract situation notes."""
+    nt = graph.node_type
+    return (nt == NODE_SPECIFIC) | (nt == NODE_ABSTRACT)

@@ -1,0 +1,50 @@
+"""What every request shares: the memory it reads and the device it runs on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from soulmem_torch.errors import ValidationError
+from soulmem_torch.retrieve._engine import resolve_device
+
+__all__ = ["graph_of", "run_grouped"]
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+def graph_of(memory: Any, device: torch.device | str | None) -> Any:
+    """The ``MemoryGraph`` of a ``WorkingMemory`` / ``MemoryCluster`` / ``MemoryGraph`` on a device.
+
+    Snapshots are cached by the cluster (rebuilt only when it changed).
+    """
+    dev = resolve_device(device)
+    if hasattr(memory, "edge_index") and hasattr(memory, "index_of"):
+        return memory.to(dev)
+    graph = getattr(memory, "graph", None)
+    if callable(graph):
+        return graph(dev)
+    raise ValidationError(
+        "working_memory: expected a WorkingMemory, MemoryCluster or MemoryGraph, "
+        f"found {type(memory).__name__}"
+    )
+
+
+def run_grouped(
+    requests: Sequence[R],
+    key: Callable[[R], Hashable],
+    run: Callable[[list[R]], list[T]],
+) -> list[T]:
+    """Runs ``run`` once per group of requests sharing ``key`` and returns results in order."""
+    groups: dict[Hashable, list[int]] = {}
+    for i, request in enumerate(requests):
+        groups.setdefault(key(request), []).append(i)
+    out: list[Any] = [None] * len(requests)
+    for members in groups.values():
+        results = run([requests[i] for i in members])
+        for i, result in zip(members, results):
+            out[i] = result
+    return out

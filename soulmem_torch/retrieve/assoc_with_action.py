@@ -1,0 +1,108 @@
+"""``AssociateWithAction``: association, then Bayes actions from the situations found (SPEC §7)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from soulmem_torch.functional.codes import NODE_ABSTRACT
+from soulmem_torch.model import MemoryId
+from soulmem_torch.retrieve._engine import (
+    run_association,
+    situation_mask,
+    sources_matrix,
+    topk_lists,
+    topk_mask,
+)
+from soulmem_torch.retrieve._request import graph_of, run_grouped
+from soulmem_torch.retrieve.bayes_action import bayes_actions
+from soulmem_torch.retrieve.config import AssociateWithActionConfig
+
+__all__ = [
+    "AssociateWithActionRequest",
+    "AssociateWithActionResult",
+    "RetrAssociateWithAction",
+    "associate_with_action",
+]
+
+
+@dataclass
+class AssociateWithActionRequest:
+    """Seeds ``[(MemoryId, f32 score)]`` (e.g. similarity results) on a working memory."""
+
+    working_memory: Any
+    source: list[tuple[MemoryId, float]]
+    config: AssociateWithActionConfig = field(default_factory=AssociateWithActionConfig)
+    device: torch.device | str | None = None
+
+    def graph(self) -> Any:
+        return graph_of(self.working_memory, self.device)
+
+
+@dataclass
+class AssociateWithActionResult:
+    """``memory``: the PPR list unchanged; ``action``: Bayes actions ``[(MemoryId, f64)]``."""
+
+    memory: list[tuple[MemoryId, float]]
+    action: list[tuple[MemoryId, float]]
+
+
+def associate_with_action(
+    graph: Any, weights: Tensor, keys: Tensor, config: AssociateWithActionConfig
+) -> tuple[list[list[tuple[MemoryId, float]]], list[list[tuple[MemoryId, float]]], Tensor, Tensor]:
+    """Batched core: returns (memory lists, action lists, PPR scores (N,B), PPR top-k mask (N,B)).
+
+    Seeds and PPR results are merged (max per note), only Situation notes with a score > 0 are
+    kept, abstract ones multiplied by ``abstract_source_priority``, turned into weights by a
+    max-subtracted softmax per request, and fed to BayesAction with ``action_top_k``.
+    """
+    assoc = config.association
+    scores, ok = run_association(graph, weights, keys, assoc)
+    present = ok.unsqueeze(0).expand_as(scores)
+    memory = topk_lists(graph, scores, present, assoc.top_k)
+    selected = topk_mask(scores, present, assoc.top_k)
+
+    neg_inf = torch.full_like(scores, float("-inf"))
+    seeds = torch.where(keys, weights, neg_inf)
+    ppr = torch.where(selected, scores, neg_inf)
+    merged = torch.maximum(seeds, ppr)
+    kept = situation_mask(graph).unsqueeze(1) & (merged > 0) & ok.unsqueeze(0)
+    is_abstract = (graph.node_type == NODE_ABSTRACT).unsqueeze(1)
+    w = torch.where(is_abstract, merged * config.abstract_source_priority, merged)
+    w = torch.where(kept, w, neg_inf)
+    col_max = w.max(dim=0, keepdim=True).values if w.shape[0] else w[:1]
+    col_max = torch.where(torch.isfinite(col_max), col_max, torch.zeros_like(col_max))
+    e = torch.where(kept, torch.exp(w - col_max), torch.zeros_like(w))
+    total = e.sum(dim=0, keepdim=True)
+    soft = torch.where(total > 0, e / torch.where(total > 0, total, 1.0), e)
+    actions = bayes_actions(graph, soft, kept, config.action_top_k)
+    return memory, actions, scores, selected
+
+
+class RetrAssociateWithAction:
+    """``RetrAssociateWithAction().retrieve(request) -> AssociateWithActionResult``.
+
+    Association empty → ``memory = [], action = []``.
+    """
+
+    def retrieve(self, request: AssociateWithActionRequest) -> AssociateWithActionResult:
+        return self.retrieve_batch([request])[0]
+
+    def retrieve_batch(
+        self, requests: Sequence[AssociateWithActionRequest]
+    ) -> list[AssociateWithActionResult]:
+        resolved = [(r, r.graph()) for r in requests]
+
+        def run(group: list[tuple[AssociateWithActionRequest, Any]]) -> list[Any]:
+            graph, config = group[0][1], group[0][0].config
+            weights, keys = sources_matrix(
+                graph, [r.source for r, _ in group], float32_scores=True
+            )
+            memory, actions, _, _ = associate_with_action(graph, weights, keys, config)
+            return [AssociateWithActionResult(m, a) for m, a in zip(memory, actions)]
+
+        return run_grouped(resolved, key=lambda rg: (id(rg[1]), rg[0].config), run=run)

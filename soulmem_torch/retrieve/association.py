@@ -1,0 +1,65 @@
+"""``Association``: Personalized PageRank from scored source notes (SPEC §7)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from soulmem_torch.model import MemoryId
+from soulmem_torch.retrieve._engine import run_association, sources_matrix, topk_lists
+from soulmem_torch.retrieve._request import graph_of, run_grouped
+from soulmem_torch.retrieve.config import AssociationConfig
+
+__all__ = ["AssociationRequest", "RetrAssociation"]
+
+
+@dataclass
+class AssociationRequest:
+    """Sources ``[(MemoryId, f32 score)]`` on a working memory, with a config and a device."""
+
+    working_memory: Any
+    source: list[tuple[MemoryId, float]]
+    config: AssociationConfig = field(default_factory=AssociationConfig)
+    device: torch.device | str | None = None
+
+    def graph(self) -> Any:
+        return graph_of(self.working_memory, self.device)
+
+
+class RetrAssociation:
+    """``RetrAssociation().retrieve(request) -> [(MemoryId, f64)]``.
+
+    Empty source → ``[]``; unknown ids are dropped; nothing resolved (or a zero total score) →
+    ``[]``, never an exception. Scores are rounded to float32 and widened to float64 (the
+    original's ``f32`` similarity scores), PPR runs with ``config.method``, the result is
+    stable-sorted descending (ties keep note order) and cut to ``top_k`` (zero-score notes may
+    appear).
+    """
+
+    def retrieve(self, request: AssociationRequest) -> list[tuple[MemoryId, float]]:
+        return self.retrieve_batch([request])[0]
+
+    def retrieve_batch(
+        self, requests: Sequence[AssociationRequest]
+    ) -> list[list[tuple[MemoryId, float]]]:
+        """Answers many requests; those sharing a memory, device and config run as one batch."""
+        resolved = [(r, r.graph()) for r in requests]
+        return run_grouped(
+            resolved,
+            key=lambda rg: (id(rg[1]), rg[0].config),
+            run=lambda group: self._run(group[0][1], group[0][0].config, [r for r, _ in group]),
+        )
+
+    @staticmethod
+    def _run(
+        graph: Any, config: AssociationConfig, requests: list[AssociationRequest]
+    ) -> list[list[tuple[MemoryId, float]]]:
+        weights, keys = sources_matrix(
+            graph, [r.source for r in requests], float32_scores=True
+        )
+        scores, ok = run_association(graph, weights, keys, config)
+        present = ok.unsqueeze(0).expand_as(scores)
+        return topk_lists(graph, scores, present, config.top_k)

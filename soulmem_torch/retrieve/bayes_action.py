@@ -1,0 +1,66 @@
+"""``BayesAction``: next actions from TrigToAction links (SPEC §7)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from soulmem_torch.functional.bayes import bayes_action_candidates, bayes_action_scores
+from soulmem_torch.model import MemoryId
+from soulmem_torch.retrieve._engine import sources_matrix, topk_lists
+from soulmem_torch.retrieve._request import graph_of, run_grouped
+from soulmem_torch.retrieve.config import BayesActionConfig
+
+__all__ = ["BayesActionRequest", "RetrBayesAction", "bayes_actions"]
+
+
+@dataclass
+class BayesActionRequest:
+    """Sources ``[(MemoryId, f64 weight)]`` on a working memory."""
+
+    working_memory: Any
+    source: list[tuple[MemoryId, float]]
+    config: BayesActionConfig = field(default_factory=BayesActionConfig)
+    device: torch.device | str | None = None
+
+    def graph(self) -> Any:
+        return graph_of(self.working_memory, self.device)
+
+
+def bayes_actions(
+    graph: Any, weights: torch.Tensor, keys: torch.Tensor, top_k: int
+) -> list[list[tuple[MemoryId, float]]]:
+    """Top-k actions per column of source ``weights``/``keys`` (N, B): Σ prob · weight."""
+    scores = bayes_action_scores(
+        weights, graph.edge_index, graph.edge_kind, graph.prob, graph.node_type
+    )
+    candidates = bayes_action_candidates(keys, graph.edge_index, graph.edge_kind, graph.node_type)
+    return topk_lists(graph, scores, candidates, top_k)
+
+
+class RetrBayesAction:
+    """``RetrBayesAction().retrieve(request) -> [(MemoryId, f64)]``.
+
+    Candidates are the Procedure targets of the sources' Proc links; ``score[action] +=
+    prob · weight`` over sources; no normalization, no prior; descending, ``top_k``.
+    """
+
+    def retrieve(self, request: BayesActionRequest) -> list[tuple[MemoryId, float]]:
+        return self.retrieve_batch([request])[0]
+
+    def retrieve_batch(
+        self, requests: Sequence[BayesActionRequest]
+    ) -> list[list[tuple[MemoryId, float]]]:
+        resolved = [(r, r.graph()) for r in requests]
+
+        def run(group: list[tuple[BayesActionRequest, Any]]) -> list[list[tuple[MemoryId, float]]]:
+            graph = group[0][1]
+            weights, keys = sources_matrix(
+                graph, [r.source for r, _ in group], float32_scores=False
+            )
+            return bayes_actions(graph, weights, keys, group[0][0].config.top_k)
+
+        return run_grouped(resolved, key=lambda rg: (id(rg[1]), rg[0].config), run=run)

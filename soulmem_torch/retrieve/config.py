@@ -1,0 +1,225 @@
+"""Strategy configurations (SPEC §7), with the original's names, JSON shape and defaults.
+
+Each config is a frozen pydantic model; ``RetrRequestConfig`` is the tagged union (JSON field
+``"type"``) that deserializes any of them, as the original's ``#[serde(tag = "type")]`` enum does.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+__all__ = [
+    "AssociateWithActionConfig",
+    "AssociationConfig",
+    "BayesActionConfig",
+    "DefaultPipelineConfig",
+    "PprMethod",
+    "RetrRequestConfig",
+    "ShortOnlyConfig",
+    "SimilarityConfig",
+    "TypePreference",
+    "parse_request_config",
+]
+
+if TYPE_CHECKING:
+    from soulmem_torch.retrieve.assoc_with_action import AssociateWithActionRequest
+    from soulmem_torch.retrieve.association import AssociationRequest
+    from soulmem_torch.retrieve.bayes_action import BayesActionRequest
+    from soulmem_torch.retrieve.pipeline import DefaultPipelineRequest
+    from soulmem_torch.retrieve.short_only import ShortOnlyRequest
+    from soulmem_torch.retrieve.similarity import SimilarityRequest
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class TypePreference(str, Enum):
+    """Which link kind association favours: ``[semantic_boost, situation_boost]`` (SPEC §5)."""
+
+    SEMANTIC = "Semantic"
+    SITUATION = "Situation"
+
+    @property
+    def boosts(self) -> tuple[float, float]:
+        """``(semantic_boost, situation_boost)``: Semantic = (0.7, 0.3), Situation = (0.3, 0.7)."""
+        return (0.7, 0.3) if self is TypePreference.SEMANTIC else (0.3, 0.7)
+
+
+class PprMethod(str, Enum):
+    """How association runs PPR.
+
+    * ``sequential`` — the original's push, node by node (SPEC §6.1): exact parity, CPU, slow.
+    * ``push`` — batched vectorized forward push: differs from ``sequential`` only within the
+      residue threshold's error; the default (the same stopping rule as the original).
+    * ``power`` — batched weighted power iteration to a certified L1 tolerance (``power_tol``);
+      the fastest path for large batches and on GPU.
+    """
+
+    SEQUENTIAL = "sequential"
+    PUSH = "push"
+    POWER = "power"
+
+
+class SimilarityConfig(BaseModel):
+    """``Similarity``: score every note; keep scores ≥ threshold; top ``max_results``."""
+
+    model_config = _FROZEN
+    type: Literal["Similarity"] = Field(default="Similarity", repr=False)
+    similarity_threshold: float = Field(
+        default=0.35, allow_inf_nan=False, description="Floor on the fused score (not a rank cut)."
+    )
+    max_results: int = Field(default=4, ge=1, description="How many notes to keep (>= 1).")
+
+    def into_request(
+        self, working_memory: Any, query: Any, *, embedder: Any = None, device: Any = None
+    ) -> SimilarityRequest:
+        """A request over ``working_memory`` for ``query`` (see ``SimilarityRequest``)."""
+        from soulmem_torch.retrieve.similarity import SimilarityRequest
+
+        return SimilarityRequest(working_memory, query, self, embedder=embedder, device=device)
+
+
+class AssociationConfig(BaseModel):
+    """``Association``: Personalized PageRank from scored sources (SPEC §6–7).
+
+    ``damping_factor`` is the probability of *continuing* the walk (restart = 1 − damping), not
+    PyG's teleport ``alpha``.
+    """
+
+    model_config = _FROZEN
+    type: Literal["Association"] = Field(default="Association", repr=False)
+    intensity_factor: float | None = Field(
+        default=None, ge=0.0, allow_inf_nan=False, description="None → 1.0."
+    )
+    confidence_factor: float | None = Field(
+        default=None, ge=0.0, allow_inf_nan=False, description="None → 0.8."
+    )
+    damping_factor: float = Field(default=0.65, ge=0.0, lt=1.0, description="In [0, 1).")
+    residue_threshold: float = Field(default=1e-5, gt=0.0, allow_inf_nan=False)
+    preference: TypePreference = TypePreference.SITUATION
+    top_k: int = Field(default=8, ge=1)
+    method: PprMethod = Field(default=PprMethod.PUSH, description="See PprMethod.")
+    power_tol: float = Field(
+        default=1e-9, gt=0.0, lt=1.0, description="L1 tolerance of the power method."
+    )
+
+    def into_request(
+        self, working_memory: Any, source: Any, *, device: Any = None
+    ) -> AssociationRequest:
+        """A request with ``source = [(MemoryId, f32 score)]``."""
+        from soulmem_torch.retrieve.association import AssociationRequest
+
+        return AssociationRequest(working_memory, list(source), self, device)
+
+    @property
+    def resolved_intensity_factor(self) -> float:
+        return 1.0 if self.intensity_factor is None else self.intensity_factor
+
+    @property
+    def resolved_confidence_factor(self) -> float:
+        return 0.8 if self.confidence_factor is None else self.confidence_factor
+
+
+class BayesActionConfig(BaseModel):
+    """``BayesAction``: actions reachable by TrigToAction links, scored Σ prob · weight."""
+
+    model_config = _FROZEN
+    type: Literal["BayesAction"] = Field(default="BayesAction", repr=False)
+    top_k: int = Field(default=5, ge=1)
+
+    def into_request(
+        self, working_memory: Any, source: Any, *, device: Any = None
+    ) -> BayesActionRequest:
+        """A request with ``source = [(MemoryId, f64 weight)]``."""
+        from soulmem_torch.retrieve.bayes_action import BayesActionRequest
+
+        return BayesActionRequest(working_memory, list(source), self, device)
+
+
+class ShortOnlyConfig(BaseModel):
+    """``ShortOnly``: the short-term window (last ``clipping_length`` messages) and summary.
+
+    **DECISION** (SPEC §7): ``include_summary`` is honoured (the original ignores it).
+    """
+
+    model_config = _FROZEN
+    type: Literal["ShortOnly"] = Field(default="ShortOnly", repr=False)
+    clipping_length: int | None = Field(default=None, ge=0, description="Keep the last N.")
+    include_summary: bool = False
+
+    def into_request(self, working_memory: Any) -> ShortOnlyRequest:
+        from soulmem_torch.retrieve.short_only import ShortOnlyRequest
+
+        return ShortOnlyRequest(working_memory, self)
+
+
+class AssociateWithActionConfig(BaseModel):
+    """``AssociateWithAction``: association, then Bayes actions from the situations found."""
+
+    model_config = _FROZEN
+    type: Literal["AssociateWithAction"] = Field(
+        default="AssociateWithAction", repr=False
+    )
+    association: AssociationConfig = Field(default_factory=AssociationConfig)
+    action_top_k: int = Field(default=3, ge=1)
+    abstract_source_priority: float = Field(default=2.0, ge=0.0, allow_inf_nan=False)
+
+    def into_request(
+        self, working_memory: Any, source: Any, *, device: Any = None
+    ) -> AssociateWithActionRequest:
+        """A request with seeds ``source = [(MemoryId, f32 score)]``."""
+        from soulmem_torch.retrieve.assoc_with_action import AssociateWithActionRequest
+
+        return AssociateWithActionRequest(working_memory, list(source), self, device)
+
+
+class DefaultPipelineConfig(BaseModel):
+    """ShortOnly → Similarity → AssociateWithAction → merge (SPEC §7)."""
+
+    model_config = _FROZEN
+    short_mem_with_history: ShortOnlyConfig = Field(
+        default_factory=lambda: ShortOnlyConfig(include_summary=True)
+    )
+    similarity: SimilarityConfig = Field(default_factory=SimilarityConfig)
+    assoc_with_action: AssociateWithActionConfig = Field(
+        default_factory=AssociateWithActionConfig
+    )
+    merge_top_k: int = Field(default=10, ge=1, description="Length of the merged list.")
+
+    def into_request(
+        self,
+        working_memory: Any,
+        query: Any,
+        priority: int = 0,
+        *,
+        embedder: Any = None,
+        device: Any = None,
+    ) -> DefaultPipelineRequest:
+        """A pipeline request for one query (see ``DefaultPipelineRequest``)."""
+        from soulmem_torch.retrieve.pipeline import DefaultPipelineRequest
+
+        return DefaultPipelineRequest(
+            working_memory, query, priority, self, embedder=embedder, device=device
+        )
+
+
+RetrRequestConfig = Annotated[
+    AssociationConfig
+    | BayesActionConfig
+    | AssociateWithActionConfig
+    | ShortOnlyConfig
+    | SimilarityConfig,
+    Field(discriminator="type"),
+]
+"""Tagged union of the strategy configs (JSON field ``"type"``)."""
+
+_ADAPTER: TypeAdapter[RetrRequestConfig] = TypeAdapter(RetrRequestConfig)
+
+
+def parse_request_config(data: str | bytes | dict) -> RetrRequestConfig:
+    """Any strategy config from JSON text or a dict with a ``"type"`` field."""
+    if isinstance(data, (str, bytes)):
+        return _ADAPTER.validate_json(data)
+    return _ADAPTER.validate_python(data)

@@ -1,0 +1,116 @@
+"""``DefaultPipeline``: ShortOnly → Similarity → AssociateWithAction → merge (SPEC §7)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from soulmem_torch.functional.similarity import BlendWeights
+from soulmem_torch.model import MemoryId
+from soulmem_torch.retrieve._engine import topk_lists
+from soulmem_torch.retrieve._request import graph_of, run_grouped
+from soulmem_torch.retrieve.assoc_with_action import associate_with_action
+from soulmem_torch.retrieve.config import DefaultPipelineConfig
+from soulmem_torch.retrieve.short_only import RetrShortOnly
+from soulmem_torch.retrieve.similarity import similarity_scores, threshold_mask
+
+__all__ = ["DefaultPipelineRequest", "DefaultPipelineResult", "RetrDefaultPipeline"]
+
+
+@dataclass
+class DefaultPipelineRequest:
+    """One query (as for ``SimilarityRequest``) with a priority that is passed through."""
+
+    working_memory: Any
+    query: Any
+    priority: int = 0
+    config: DefaultPipelineConfig = field(default_factory=DefaultPipelineConfig)
+    embedder: Any = None
+    device: torch.device | str | None = None
+    weights: BlendWeights | None = None
+
+    def graph(self) -> Any:
+        return graph_of(self.working_memory, self.device)
+
+
+@dataclass
+class DefaultPipelineResult:
+    """``association``: seeds and PPR memories merged (max per id, descending, ≤ 10);
+    ``action``: recommended actions; ``short_history`` / ``short_mem``: the short-term window and
+    its summary; ``priority``: passed through."""
+
+    association: list[tuple[MemoryId, float]]
+    action: list[tuple[MemoryId, float]]
+    short_history: list[Any]
+    short_mem: str
+    priority: int
+    seeds: list[tuple[MemoryId, float]] = field(default_factory=list)
+
+
+class RetrDefaultPipeline:
+    """``RetrDefaultPipeline().retrieve(request) -> DefaultPipelineResult``.
+
+    Strictly in order: ShortOnly; Similarity (its float32 scores become the personalization);
+    AssociateWithAction; then seeds and PPR memories merged as float64, max per id, sorted
+    descending and cut to ``merge_top_k`` (10). ``retrieve_batch`` runs every step once for all
+    requests that share a memory, device, config and embedder.
+    """
+
+    def retrieve(self, request: DefaultPipelineRequest) -> DefaultPipelineResult:
+        return self.retrieve_batch([request])[0]
+
+    def retrieve_batch(
+        self, requests: Sequence[DefaultPipelineRequest]
+    ) -> list[DefaultPipelineResult]:
+        resolved = [(r, r.graph()) for r in requests]
+
+        def key(rg: tuple[DefaultPipelineRequest, Any]) -> Any:
+            r, g = rg
+            return (id(g), r.config, id(r.embedder), r.weights, isinstance(r.query, (str, torch.Tensor)))
+
+        return run_grouped(resolved, key=key, run=self._run)
+
+    @staticmethod
+    def _run(group: list[tuple[DefaultPipelineRequest, Any]]) -> list[DefaultPipelineResult]:
+        first, graph = group[0]
+        config = first.config
+        short = [
+            RetrShortOnly().retrieve(config.short_mem_with_history.into_request(r.working_memory))
+            for r, _ in group
+        ]
+        sim = similarity_scores(
+            graph,
+            first.working_memory,
+            [r.query for r, _ in group],
+            embedder=first.embedder,
+            weights=first.weights,
+        )  # (B, N) float32
+        keep = threshold_mask(sim, config.similarity.similarity_threshold)
+        scores_t, keep_t = sim.T.contiguous(), keep.T.contiguous()
+        from soulmem_torch.retrieve._engine import topk_mask
+
+        selected = topk_mask(scores_t, keep_t, config.similarity.max_results)  # (N, B)
+        seeds = topk_lists(graph, scores_t, selected, config.similarity.max_results, as_float32=True)
+        weights = torch.where(selected, scores_t.to(torch.float64), torch.zeros_like(scores_t, dtype=torch.float64))
+        _, actions, ppr, ppr_selected = associate_with_action(
+            graph, weights, selected, config.assoc_with_action
+        )
+        neg_inf = torch.full_like(ppr, float("-inf"))
+        merged = torch.maximum(
+            torch.where(selected, weights, neg_inf), torch.where(ppr_selected, ppr, neg_inf)
+        )
+        association = topk_lists(graph, merged, selected | ppr_selected, config.merge_top_k)
+        return [
+            DefaultPipelineResult(
+                association=association[j],
+                action=actions[j],
+                short_history=short[j][0],
+                short_mem=short[j][1],
+                priority=r.priority,
+                seeds=seeds[j],
+            )
+            for j, (r, _) in enumerate(group)
+        ]

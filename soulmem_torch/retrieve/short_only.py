@@ -1,0 +1,48 @@
+"""``ShortOnly``: the short-term window and its summary (SPEC §7)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from soulmem_torch.errors import ValidationError
+from soulmem_torch.retrieve.config import ShortOnlyConfig
+
+__all__ = ["RetrShortOnly", "ShortOnlyRequest"]
+
+
+@dataclass
+class ShortOnlyRequest:
+    working_memory: Any
+    config: ShortOnlyConfig = field(default_factory=ShortOnlyConfig)
+
+
+def _window(memory: Any) -> Any:
+    window = getattr(memory, "sliding_window", None)
+    if window is None:
+        raise ValidationError(
+            f"working_memory: expected a WorkingMemory with a sliding_window, found "
+            f"{type(memory).__name__}"
+        )
+    return window
+
+
+class RetrShortOnly:
+    """``RetrShortOnly().retrieve(request) -> (messages, summary)``.
+
+    ``clipping_length`` keeps the last N messages (None → all). **DECISION:** the summary is
+    returned only when ``include_summary`` is true (else ``""``); the original always returns it.
+    """
+
+    def retrieve(self, request: ShortOnlyRequest) -> tuple[list[Any], str]:
+        window = _window(request.working_memory)
+        messages = list(window.messages())
+        n = request.config.clipping_length
+        if n is not None:
+            messages = messages[len(messages) - n :] if n > 0 else []
+        summary = window.summary if request.config.include_summary else ""
+        return messages, summary or ""
+
+    def retrieve_batch(self, requests: Sequence[ShortOnlyRequest]) -> list[tuple[list[Any], str]]:
+        return [self.retrieve(r) for r in requests]

@@ -1,0 +1,194 @@
+"""``Similarity``: fused structured similarity of a query against every note (SPEC §4, §7)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from soulmem_torch.errors import ValidationError
+from soulmem_torch.functional.similarity import BlendWeights, cosine_scores
+from soulmem_torch.model import MemoryId
+from soulmem_torch.retrieve._engine import topk_lists
+from soulmem_torch.retrieve._request import graph_of, run_grouped
+from soulmem_torch.retrieve.config import SimilarityConfig
+
+__all__ = ["RetrSimilarity", "SimilarityRequest", "similarity_scores", "threshold_mask"]
+
+
+@dataclass
+class SimilarityRequest:
+    """One query against a working memory.
+
+    ``query`` is a ``MemoryRetrieveQuery`` (or its JSON dict; embedded with ``embedder``), a
+    ``QueryEmbeddingBatch`` of one query (already embedded), or — plain mode, one vector per
+    note — a ``(D,)`` tensor or a string (embedded with ``embedder``) scored by plain cosine
+    against the notes' single vectors.
+    """
+
+    working_memory: Any
+    query: Any
+    config: SimilarityConfig = field(default_factory=SimilarityConfig)
+    embedder: Any = None
+    device: torch.device | str | None = None
+    weights: BlendWeights | None = None
+
+    def graph(self) -> Any:
+        return graph_of(self.working_memory, self.device)
+
+
+def _notes_of(memory: Any) -> list[Any] | None:
+    cluster = getattr(memory, "cluster", memory)
+    notes = getattr(cluster, "notes", None)
+    return list(notes()) if callable(notes) else None
+
+
+def _identifier_index(graph: Any, memory: Any) -> Any:
+    """The exact-identifier index of the notes, built once per snapshot (None without notes)."""
+    key = "identifier_index"
+    if key not in graph.cache:
+        notes = _notes_of(memory)
+        if notes is None or len(notes) != int(graph.num_nodes):
+            graph.cache[key] = None
+        else:
+            from soulmem_torch.embedding.identifiers import build_identifier_index
+
+            graph.cache[key] = build_identifier_index(notes)
+    return graph.cache[key]
+
+
+def _is_plain(query: Any) -> bool:
+    return isinstance(query, (Tensor, str))
+
+
+def similarity_scores(
+    graph: Any,
+    memory: Any,
+    queries: Sequence[Any],
+    *,
+    embedder: Any = None,
+    weights: BlendWeights | None = None,
+) -> Tensor:
+    """Scores of B queries (all structured, or all plain) against every note: (B, N) float32."""
+    if not queries:
+        return torch.zeros(0, int(graph.num_nodes), device=graph.device)
+    device = graph.device
+    if all(_is_plain(q) for q in queries):
+        return _plain_scores(graph, queries, embedder)
+    if any(_is_plain(q) for q in queries):
+        raise ValidationError(
+            "query: a batch must be all structured queries or all plain (tensor / text) queries"
+        )
+    from soulmem_torch.embedding.query_embedding import QueryEmbeddingBatch, embed_queries
+
+    string = None
+    if all(isinstance(q, QueryEmbeddingBatch) for q in queries):
+        batch = queries[0] if len(queries) == 1 else _concat(queries)
+    else:
+        if embedder is None:
+            raise ValidationError(
+                "embedder: structured queries need an embedder (or pass a QueryEmbeddingBatch)"
+            )
+        batch = embed_queries(list(queries), embedder, device=device)
+        index = _identifier_index(graph, memory)
+        if index is not None:
+            from soulmem_torch.embedding.identifiers import string_scores
+
+            string = string_scores(list(queries), index, weights=weights, device=device)
+    return batch.score(graph, weights=weights, string_scores=string)
+
+
+def _concat(batches: Sequence[Any]) -> Any:
+    from soulmem_torch.embedding.query_embedding import QueryEmbeddingBatch
+
+    units = max(b.num_units for b in batches)
+
+    def pad(t: Tensor) -> Tensor:
+        if t.dim() < 2 or t.shape[1] == units:
+            return t
+        shape = list(t.shape)
+        shape[1] = units - t.shape[1]
+        return torch.cat([t, t.new_zeros(shape)], dim=1)
+
+    return QueryEmbeddingBatch(
+        tag=torch.cat([b.tag for b in batches]),
+        kind=torch.cat([b.kind for b in batches]),
+        field=torch.cat([pad(b.field) for b in batches]),
+        field_mask=torch.cat([pad(b.field_mask) for b in batches]),
+        unit_mask=torch.cat([pad(b.unit_mask) for b in batches]),
+    )
+
+
+def _plain_scores(graph: Any, queries: Sequence[Any], embedder: Any) -> Tensor:
+    x = getattr(graph, "tag_emb", None)
+    if x is None:
+        raise ValidationError("working_memory: plain queries need notes with embeddings")
+    texts = [q for q in queries if isinstance(q, str)]
+    vectors: dict[int, Tensor] = {}
+    if texts:
+        if embedder is None:
+            raise ValidationError("embedder: text queries need an embedder")
+        from soulmem_torch.embedding.embedder import run_embedder
+
+        embedded = run_embedder(embedder, texts)
+        it = iter(embedded)
+        for i, q in enumerate(queries):
+            if isinstance(q, str):
+                vectors[i] = next(it)
+    rows = []
+    for i, q in enumerate(queries):
+        v = vectors.get(i, q)
+        if v.dim() != 1 or v.shape[0] != x.shape[1]:
+            raise ValidationError(
+                f"query[{i}]: expected a vector of width {x.shape[1]}, found {tuple(v.shape)}"
+            )
+        rows.append(v.to(device=x.device, dtype=x.dtype))
+    q = torch.stack(rows)
+    if not bool(torch.isfinite(q).all()):
+        raise ValidationError("query: expected finite vectors, found NaN or inf")
+    scores = cosine_scores(q, x)
+    mask = getattr(graph, "tag_mask", None)
+    return scores if mask is None else scores * mask.to(scores.dtype)
+
+
+def threshold_mask(scores: Tensor, threshold: float) -> Tensor:
+    """Finite scores at or above the floor (the SPEC's filter)."""
+    return torch.isfinite(scores) & (scores >= threshold)
+
+
+class RetrSimilarity:
+    """``RetrSimilarity().retrieve(request) -> [(MemoryId, f32)]``.
+
+    Every note is scored, non-finite scores and scores below ``similarity_threshold`` are dropped
+    (a floor, not a rank cut), the rest sorted descending (ties keep note order) and cut to
+    ``max_results``.
+    """
+
+    def retrieve(self, request: SimilarityRequest) -> list[tuple[MemoryId, float]]:
+        return self.retrieve_batch([request])[0]
+
+    def retrieve_batch(
+        self, requests: Sequence[SimilarityRequest]
+    ) -> list[list[tuple[MemoryId, float]]]:
+        resolved = [(r, r.graph()) for r in requests]
+
+        def key(rg: tuple[SimilarityRequest, Any]) -> Any:
+            r, g = rg
+            return (id(g), r.config, id(r.embedder), r.weights, _is_plain(r.query))
+
+        def run(group: list[tuple[SimilarityRequest, Any]]) -> list[Any]:
+            first, graph = group[0]
+            scores = similarity_scores(
+                graph,
+                first.working_memory,
+                [r.query for r, _ in group],
+                embedder=first.embedder,
+                weights=first.weights,
+            )
+            keep = threshold_mask(scores, first.config.similarity_threshold)
+            return topk_lists(graph, scores.T, keep.T, first.config.max_results, as_float32=True)
+
+        return run_grouped(resolved, key=key, run=run)
