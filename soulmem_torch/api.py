@@ -1,0 +1,268 @@
+"""``SoulMem``: the library in one object — notes in, batched retrieval and forgetting out.
+
+It holds a ``WorkingMemory`` and an embedder, embeds notes in batched calls when they are added,
+and answers queries through the default pipeline (or any strategy) in one batch::
+
+    from soulmem_torch import SoulMem
+    from soulmem_torch.data import sample_memory_path
+
+    mem = SoulMem.from_graph_file(sample_memory_path())      # the bundled sample memory
+    for result in mem.ask(["a rainy afternoon at the café", "谁是我的朋友？"]):
+        print(mem.describe(result.association[:3]), mem.describe(result.action))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from soulmem_torch.errors import ValidationError
+from soulmem_torch.model import MemoryId, MemoryNote
+from soulmem_torch.model.query import MemoryRetrieveQuery
+from soulmem_torch.retrieve import (
+    AssociationConfig,
+    DefaultPipelineConfig,
+    DefaultPipelineResult,
+    RetrAssociation,
+    RetrDefaultPipeline,
+    RetrSimilarity,
+    SimilarityConfig,
+    mix_by_priority,
+)
+
+__all__ = ["SoulMem", "note_label", "text_queries"]
+
+
+def text_queries(text: str, *, tags: Sequence[str] = ()) -> list[MemoryRetrieveQuery]:
+    """A free-text question as two structured queries: a concept and an episode.
+
+    ``Semantic([{concept_identifier: text, description: text}])`` finds concepts;
+    ``Situation([{narrative: text}])`` finds specific and abstract situations. :meth:`SoulMem.ask`
+    runs both in one batch and mixes their results (max per note).
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ValidationError(f"text: expected a non-empty string, found {text!r}")
+    return [
+        MemoryRetrieveQuery.semantic(
+            [{"concept_identifier": text, "description": text}], tag=list(tags)
+        ),
+        MemoryRetrieveQuery.situation([{"narrative": text}], tag=list(tags)),
+    ]
+
+
+def note_label(note: MemoryNote, *, width: int = 60) -> str:
+    """A one-line human label of a note (its name / narrative / action)."""
+    from soulmem_torch.model import AbstractSituation, ProcMemory, SemMemory, SpecificSituation
+
+    mt = note.mem_type
+    if isinstance(mt, SemMemory):
+        text = mt.content
+    elif isinstance(mt, SpecificSituation):
+        text = mt.narrative
+    elif isinstance(mt, AbstractSituation):
+        leaf = mt.leaf
+        text = getattr(leaf, "name", None) or getattr(leaf, "action", None) or getattr(
+            leaf, "atmosphere", ""
+        )
+        text = f"{mt.kind}: {text}"
+    elif isinstance(mt, ProcMemory):
+        text = f"{mt.action.action_type.value}: {mt.action.content}"
+    else:  # pragma: no cover - the union is closed
+        text = str(mt)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class SoulMem:
+    """A working memory with an embedder, answering batched queries.
+
+    Args:
+        embedder: batch of strings → ``(n, D)`` tensor; ``None`` → the offline
+            :class:`~soulmem_torch.embedding.HashingEmbedder`.
+        device: where retrieval runs: ``None`` (CPU), ``"auto"``, ``"cuda"``, … .
+        window_capacity: size of the short-term sliding window.
+        llm: async ``(system, user) -> str`` used for window summaries.
+    """
+
+    def __init__(
+        self,
+        *,
+        embedder: Any = None,
+        device: Any = None,
+        window_capacity: int = 20,
+        llm: Any = None,
+    ) -> None:
+        from soulmem_torch.embedding import HashingEmbedder
+        from soulmem_torch.runtime import WorkingMemory
+
+        self.embedder = embedder if embedder is not None else HashingEmbedder()
+        self.device = device
+        self.working_memory = WorkingMemory(window_capacity=window_capacity, llm=llm)
+        self.readable_ids: dict[MemoryId, str] = {}
+
+    # -- building ------------------------------------------------------------------------
+    @property
+    def cluster(self) -> Any:
+        return self.working_memory.cluster
+
+    def __len__(self) -> int:
+        return len(self.cluster)
+
+    def add_notes(
+        self, notes: Iterable[MemoryNote], *, readable_ids: dict[MemoryId, str] | None = None
+    ) -> int:
+        """Embeds the notes in batched calls and adds them; returns how many were new."""
+        from soulmem_torch.embedding import embed_notes
+
+        notes = list(notes)
+        embeddings = embed_notes(notes, self.embedder) if notes else []
+        added = self.working_memory.add_nodes(notes, embeddings)
+        if readable_ids:
+            self.readable_ids.update(readable_ids)
+        return sum(bool(a) for a in added)
+
+    @classmethod
+    def from_notes(cls, notes: Iterable[MemoryNote], **kwargs: Any) -> SoulMem:
+        mem = cls(**kwargs)
+        mem.add_notes(notes)
+        return mem
+
+    @classmethod
+    def from_graph_file(cls, path: str | Path, **kwargs: Any) -> SoulMem:
+        """From an evaluation-graph file (SPEC §9), keeping the readable ids."""
+        from soulmem_torch.model.soul_tune import load_soul_tune_graph
+
+        graph = load_soul_tune_graph(path)
+        mem = cls(**kwargs)
+        mem.add_notes(graph.notes, readable_ids=graph.readable_ids)
+        return mem
+
+    @classmethod
+    def load(cls, path: str | Path, **kwargs: Any) -> SoulMem:
+        """From a store directory (embeddings re-used when present, else computed)."""
+        from soulmem_torch.embedding import embed_notes
+        from soulmem_torch.store import MemoryStore
+
+        contents = MemoryStore(path).load()
+        mem = cls(**kwargs)
+        embeddings = list(contents.embeddings) if contents.embeddings is not None else None
+        stored_dim = contents.embedding_dim
+        want_dim = getattr(mem.embedder, "dim", None)
+        if embeddings is None or any(e is None for e in embeddings) or (
+            stored_dim is not None and want_dim is not None and stored_dim != want_dim
+        ):
+            embeddings = embed_notes(contents.notes, mem.embedder)
+        mem.working_memory.add_nodes(contents.notes, embeddings)
+        mem.readable_ids.update(contents.readable_ids or {})
+        return mem
+
+    def save(self, path: str | Path) -> dict[str, Any]:
+        """Writes notes, embeddings and readable ids to a store directory (atomically)."""
+        from soulmem_torch.store import MemoryStore
+
+        entries = list(self.cluster)
+        return MemoryStore(path).save(
+            [e.note for e in entries],
+            [e.embedding for e in entries],
+            readable_ids=self.readable_ids or None,
+            embedder_name=type(self.embedder).__name__,
+        )
+
+    # -- reading -------------------------------------------------------------------------
+    def name(self, id: MemoryId) -> str:
+        """The readable id of a note when known, else its label."""
+        if id in self.readable_ids:
+            return self.readable_ids[id]
+        entry = self.cluster.get(id)
+        return note_label(entry.note) if entry is not None else str(id)
+
+    def describe(self, scored: Iterable[tuple[MemoryId, float]]) -> list[tuple[str, float]]:
+        """``[(name, score)]`` for a result list."""
+        return [(self.name(i), float(s)) for i, s in scored]
+
+    def query(
+        self,
+        queries: Sequence[MemoryRetrieveQuery | dict[str, Any]],
+        *,
+        config: DefaultPipelineConfig | None = None,
+        priorities: Sequence[int] | None = None,
+    ) -> list[DefaultPipelineResult]:
+        """The default pipeline for a batch of structured queries (one batch, one device)."""
+        config = config or DefaultPipelineConfig()
+        priorities = list(priorities) if priorities is not None else [0] * len(queries)
+        if len(priorities) != len(queries):
+            raise ValidationError(
+                f"priorities: expected {len(queries)} values, found {len(priorities)}"
+            )
+        requests = [
+            config.into_request(
+                self.working_memory, q, p, embedder=self.embedder, device=self.device
+            )
+            for q, p in zip(queries, priorities)
+        ]
+        return RetrDefaultPipeline().retrieve_batch(requests)
+
+    def ask(
+        self, texts: Sequence[str] | str, *, config: DefaultPipelineConfig | None = None
+    ) -> list[DefaultPipelineResult]:
+        """Free-text questions: each runs as a concept query and an episode query (one batch);
+        their memories and actions are mixed, max per note (see :func:`text_queries`)."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        queries = [q for t in texts for q in text_queries(t)]
+        results = self.query(queries, config=config)
+        cut = (config or DefaultPipelineConfig()).merge_top_k
+        out = []
+        for i in range(len(texts)):
+            a, b = results[2 * i], results[2 * i + 1]
+            out.append(
+                DefaultPipelineResult(
+                    association=mix_by_priority([a.association, b.association], [0, 0], top_k=cut),
+                    action=mix_by_priority([a.action, b.action], [0, 0]),
+                    short_history=a.short_history,
+                    short_mem=a.short_mem,
+                    priority=0,
+                    seeds=mix_by_priority([a.seeds, b.seeds], [0, 0]),
+                )
+            )
+        return out
+
+    def similar(
+        self,
+        queries: Sequence[Any],
+        *,
+        config: SimilarityConfig | None = None,
+    ) -> list[list[tuple[MemoryId, float]]]:
+        """Similarity only (structured queries, or plain vectors / texts in plain mode)."""
+        config = config or SimilarityConfig()
+        requests = [
+            config.into_request(self.working_memory, q, embedder=self.embedder, device=self.device)
+            for q in queries
+        ]
+        return RetrSimilarity().retrieve_batch(requests)
+
+    def associate(
+        self,
+        sources: Sequence[Sequence[tuple[MemoryId, float]]],
+        *,
+        config: AssociationConfig | None = None,
+    ) -> list[list[tuple[MemoryId, float]]]:
+        """Association (PPR) from scored sources, one list per request."""
+        config = config or AssociationConfig()
+        requests = [config.into_request(self.working_memory, s, device=self.device) for s in sources]
+        return RetrAssociation().retrieve_batch(requests)
+
+    async def forget(
+        self,
+        *,
+        now: datetime | None = None,
+        llm: Any = None,
+        progress: bool = False,
+        **options: Any,
+    ) -> Any:
+        """Lazy forgetting over every note (masking, LLM reconstruction, re-embedding)."""
+        from soulmem_torch.forget import forget_cluster
+
+        return await forget_cluster(
+            self.cluster, llm, now=now, embedder=self.embedder, progress=progress, **options
+        )
