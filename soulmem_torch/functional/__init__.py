@@ -1,4 +1,5 @@
-"""Pure-torch kernels: dynamic edge weights, Personalized PageRank, BayesAction scores.
+"""Pure-torch kernels: dynamic edge weights, Personalized PageRank, BayesAction scores,
+fused similarity and the string channel.
 
 Everything here follows its inputs' device and imports only torch (plus the package's error
 types and integer codes).
@@ -25,8 +26,24 @@ from soulmem_torch.functional.ppr import (
     ppr_power_iteration,
     ppr_sequential_push,
 )
+from soulmem_torch.functional.similarity import (
+    BlendWeights,
+    cosine_scores,
+    embedding_scores,
+    fuse_string_scores,
+    fused_similarity,
+    topk,
+)
+from soulmem_torch.functional.string_sim import string_distance_score
 
 __all__ = [
+    "BlendWeights",
+    "cosine_scores",
+    "embedding_scores",
+    "fuse_string_scores",
+    "fused_similarity",
+    "string_distance_score",
+    "topk",
     "PREFERENCE_SEMANTIC",
     "PREFERENCE_SITUATION",
     "PushStats",
