@@ -189,18 +189,42 @@ def run_association(
     return out, ok
 
 
+def _topk_select(scores: Tensor, present: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Exact "stable sort descending, keep the first k" per column, without a full sort.
+
+    ``torch.topk`` finds the k-th value ``t`` of each column; every entry above ``t`` is kept
+    and, among entries equal to ``t``, the lowest node indices fill the remaining places — the
+    same set a stable descending sort would keep. The k kept entries are then ordered by
+    (score descending, node index ascending). O(N·B), one ``topk`` instead of a sort of N.
+
+    Returns:
+        ``selected (N, B) bool``, ``values (B, k)``, ``index (B, k)`` and ``valid (B, k)``
+        (False where a column had fewer than k present entries).
+    """
+    n, b = scores.shape
+    k = min(int(top_k), n)
+    neg_inf = torch.full_like(scores, float("-inf"))
+    masked = torch.where(present, scores, neg_inf)
+    if k == 0 or b == 0:
+        empty = scores.new_zeros(b, 0)
+        return present & False, empty, empty.long(), empty.bool()
+    kth = torch.topk(masked, k, dim=0).values[-1:]  # (1, B)
+    above = (masked > kth) & present
+    tied = (masked == kth) & present
+    need = k - above.sum(dim=0, keepdim=True)
+    selected = above | (tied & (torch.cumsum(tied, dim=0) <= need))
+    values, index = torch.topk(torch.where(selected, masked, neg_inf).T, k, dim=1)
+    by_index = torch.argsort(index, dim=1)
+    index, values = index.gather(1, by_index), values.gather(1, by_index)
+    by_value = torch.argsort(values, dim=1, descending=True, stable=True)
+    index, values = index.gather(1, by_value), values.gather(1, by_value)
+    valid = selected.T.gather(1, index)
+    return selected, values, index, valid
+
+
 def topk_mask(scores: Tensor, present: Tensor, top_k: int) -> Tensor:
     """Bool (N, B): the entries :func:`topk_lists` would return."""
-    n, b = scores.shape
-    selected = torch.zeros(b, n, dtype=torch.bool, device=scores.device)
-    if n == 0 or b == 0:
-        return selected.T
-    k = min(int(top_k), n)
-    masked = torch.where(present, scores, torch.full_like(scores, float("-inf")))
-    _, order = torch.sort(masked.T, dim=1, descending=True, stable=True)
-    order = order[:, :k]
-    selected.scatter_(1, order, torch.gather(present.T, 1, order))
-    return selected.T
+    return _topk_select(scores, present, top_k)[0]
 
 
 def topk_lists(
@@ -218,17 +242,12 @@ def topk_lists(
     n, b = scores.shape
     if n == 0 or b == 0:
         return [[] for _ in range(b)]
-    k = min(int(top_k), n)
-    masked = torch.where(present, scores, torch.full_like(scores, float("-inf")))
-    values, order = torch.sort(masked.T, dim=1, descending=True, stable=True)
-    values, order = values[:, :k], order[:, :k]
-    keep = torch.isfinite(values) | (values == float("inf"))
-    keep &= torch.gather(present.T, 1, order)
+    _, values, index, valid = _topk_select(scores, present, top_k)
     if as_float32:
         values = values.to(torch.float32)
     ids = graph.ids
     out: list[list[tuple[MemoryId, float]]] = []
-    for vrow, irow, krow in zip(values.tolist(), order.tolist(), keep.tolist()):
+    for vrow, irow, krow in zip(values.tolist(), index.tolist(), valid.tolist()):
         out.append([(ids[i], v) for v, i, kk in zip(vrow, irow, krow) if kk])
     return out
 

@@ -1,0 +1,41 @@
+"""The exact top-k selection equals a stable descending sort (ties keep node order)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from soulmem_torch.errors import DeviceResolutionError
+from soulmem_torch.retrieve._engine import _topk_select, resolve_device
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    b=st.integers(1, 4),
+    k=st.integers(1, 45),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_topk_select_equals_stable_sort(n: int, b: int, k: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, 4, (n, b), generator=g).double()  # many ties
+    present = torch.rand(n, b, generator=g) > 0.3
+    _, values, index, valid = _topk_select(scores, present, k)
+    masked = torch.where(present, scores, torch.full_like(scores, float("-inf")))
+    for c in range(b):
+        vals, order = torch.sort(masked[:, c], descending=True, stable=True)
+        ref = [(int(o), float(v)) for o, v in zip(order[:k], vals[:k]) if bool(present[o, c])]
+        got = [(int(i), float(v)) for i, v, ok in zip(index[c], values[c], valid[c]) if ok]
+        assert got == ref
+
+
+def test_resolve_device() -> None:
+    assert resolve_device(None) == torch.device("cpu")
+    assert resolve_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(DeviceResolutionError, match="device"):
+        resolve_device("tpu:banana")
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceResolutionError, match="CUDA"):
+            resolve_device("cuda")
