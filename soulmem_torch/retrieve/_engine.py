@@ -212,7 +212,10 @@ def _topk_select(scores: Tensor, present: Tensor, top_k: int) -> tuple[Tensor, T
     above = (masked > kth) & present
     tied = (masked == kth) & present
     need = k - above.sum(dim=0, keepdim=True)
-    selected = above | (tied & (torch.cumsum(tied, dim=0) <= need))
+    if bool((tied.sum(dim=0, keepdim=True) <= need).all()):
+        selected = above | tied  # no tie straddles the cut (the usual case): no scan needed
+    else:
+        selected = above | (tied & (torch.cumsum(tied, dim=0) <= need))
     values, index = torch.topk(torch.where(selected, masked, neg_inf).T, k, dim=1)
     by_index = torch.argsort(index, dim=1)
     index, values = index.gather(1, by_index), values.gather(1, by_index)

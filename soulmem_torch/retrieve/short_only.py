@@ -19,13 +19,9 @@ class ShortOnlyRequest:
 
 
 def _window(memory: Any) -> Any:
-    window = getattr(memory, "sliding_window", None)
-    if window is None:
-        raise ValidationError(
-            f"working_memory: expected a WorkingMemory with a sliding_window, found "
-            f"{type(memory).__name__}"
-        )
-    return window
+    if memory is None:
+        raise ValidationError("working_memory: expected a WorkingMemory, found None")
+    return getattr(memory, "sliding_window", None)
 
 
 class RetrShortOnly:
@@ -33,10 +29,14 @@ class RetrShortOnly:
 
     ``clipping_length`` keeps the last N messages (None → all). **DECISION:** the summary is
     returned only when ``include_summary`` is true (else ``""``); the original always returns it.
+    A memory without a short-term window (a bare ``MemoryCluster`` or ``MemoryGraph``) gives
+    ``([], "")``.
     """
 
     def retrieve(self, request: ShortOnlyRequest) -> tuple[list[Any], str]:
         window = _window(request.working_memory)
+        if window is None:
+            return [], ""
         messages = list(window.messages())
         n = request.config.clipping_length
         if n is not None:
