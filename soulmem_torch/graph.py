@@ -57,7 +57,10 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from soulmem_torch.embedding.fields import FIELD_INDEX, FIELD_NAMES, MemoryEmbedding
+from soulmem_torch.embedding.fields import (
+    FIELD_NAMES,
+    stack_field_embeddings,
+)
 from soulmem_torch.errors import DeviceResolutionError, NotFoundError, ValidationError
 from soulmem_torch.functional.codes import (
     LINK_PROC,
@@ -203,59 +206,6 @@ def _check_finite(name: str, value: Tensor) -> None:
         raise ValidationError(
             f"{name}: expected finite values, found {value[pos].item()!r} at {pos}"
         )
-
-
-# -------------------------------------------------------------------------------------------
-# embedding stacking
-# -------------------------------------------------------------------------------------------
-def _stack_field_embeddings_fallback(
-    embeddings: Sequence[MemoryEmbedding | None], dim: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Local stand-in for ``soulmem_torch.embedding.stack_field_embeddings`` (same contract).
-
-    Returns ``(tag_emb (N, D) f32, tag_mask (N,) bool, field_emb (N, F, D) f32,
-    field_mask (N, F) bool)`` on the CPU; absent rows and fields are zeros / False.
-    """
-    n, f = len(embeddings), len(FIELD_NAMES)
-    tag_emb = torch.zeros(n, dim, dtype=_F32)
-    tag_mask = torch.zeros(n, dtype=torch.bool)
-    field_emb = torch.zeros(n, f, dim, dtype=_F32)
-    field_mask = torch.zeros(n, f, dtype=torch.bool)
-    rows: list[int] = []
-    tags: list[Tensor] = []
-    cells: list[int] = []
-    vectors: list[Tensor] = []
-    for i, emb in enumerate(embeddings):
-        if emb is None:
-            continue
-        rows.append(i)
-        tags.append(emb.tag.detach().to("cpu", _F32))
-        for name, vec in emb.fields.items():
-            cells.append(i * f + FIELD_INDEX[name])
-            vectors.append(vec.detach().to("cpu", _F32))
-    if rows:
-        index = torch.tensor(rows, dtype=_I64)
-        tag_emb[index] = torch.stack(tags)
-        tag_mask[index] = True
-    if cells:
-        index = torch.tensor(cells, dtype=_I64)
-        field_emb.view(n * f, dim)[index] = torch.stack(vectors)
-        field_mask.view(n * f)[index] = True
-    return tag_emb, tag_mask, field_emb, field_mask
-
-
-def _stacker() -> Any:
-    """``stack_field_embeddings`` from the embedding package if it provides one, else ours."""
-    try:
-        from soulmem_torch.embedding import stack_field_embeddings  # type: ignore[attr-defined]
-    except ImportError:
-        try:
-            from soulmem_torch.embedding.fields import (  # type: ignore[attr-defined]
-                stack_field_embeddings,
-            )
-        except ImportError:
-            return _stack_field_embeddings_fallback
-    return stack_field_embeddings
 
 
 # -------------------------------------------------------------------------------------------
@@ -514,7 +464,7 @@ class MemoryGraph(Data):
         tag_emb = tag_mask = field_emb = field_mask = None
         if any(e is not None for e in embeddings):
             dim = next(e.dim for e in embeddings if e is not None)
-            tag_emb, tag_mask, field_emb, field_mask = _stacker()(embeddings, dim)
+            tag_emb, tag_mask, field_emb, field_mask = stack_field_embeddings(embeddings, dim)
 
         graph = cls.from_tensors(
             edge_index,

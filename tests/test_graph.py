@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
+from soulmem_torch.embedding import stack_field_embeddings
 from soulmem_torch.embedding.fields import FIELD_INDEX, FIELD_NAMES
 from soulmem_torch.errors import NotFoundError, ValidationError
 from soulmem_torch.functional.codes import (
@@ -23,7 +24,7 @@ from soulmem_torch.functional.codes import (
     NODE_SEMANTIC,
     NODE_SPECIFIC,
 )
-from soulmem_torch.graph import MemoryGraph, _stack_field_embeddings_fallback
+from soulmem_torch.graph import MemoryGraph
 from soulmem_torch.model import MemoryId
 from soulmem_torch.runtime import MemoryCluster
 from tests.conftest import fixture_path
@@ -118,9 +119,9 @@ def test_no_embedding_gives_none():
     assert "tag_emb" not in g.keys()
 
 
-def test_stack_fallback_matches_contract():
+def test_stacker_matches_contract():
     embs = [embedding(3, seed=0), None, embedding(3, fields=("fused_self",), seed=1)]
-    tag, tag_mask, field, field_mask = _stack_field_embeddings_fallback(embs, 3)
+    tag, tag_mask, field, field_mask = stack_field_embeddings(embs, 3)
     assert tag.shape == (3, 3) and field.shape == (3, len(FIELD_NAMES), 3)
     assert tag_mask.tolist() == [True, False, True]
     assert field_mask[2].nonzero().flatten().tolist() == [FIELD_INDEX["fused_self"]]
