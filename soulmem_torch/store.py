@@ -815,9 +815,11 @@ class MemoryStore:
         """Loads the live version into ``cluster`` (default: a new ``MemoryCluster``).
 
         Notes go in in saved (index) order: with ``cluster.add_notes(notes, embeddings)`` when
-        the cluster has it (the original's batch ``merge``: every note first, then each note's
-        links in ``mem_links`` order), else one ``cluster.add_note(note, embedding)`` at a time.
-        Links between stored notes become edges; pending links are parked again.
+        the cluster has it (by default the same as one ``add_note`` per note, in order), else
+        one ``cluster.add_note(note, embedding)`` at a time. Links between stored notes become
+        edges; pending links are parked again. A cluster built with links arriving before
+        their targets may list a node's out-edges in another order after a reload; that only
+        matters for bit-level sums in the sequential PPR oracle.
         """
         contents = self.load()
         if cluster is None:
