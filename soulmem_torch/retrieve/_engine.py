@@ -24,11 +24,16 @@ from soulmem_torch.functional.ppr import (
     ppr_sequential_push,
 )
 from soulmem_torch.model import MemoryId
-from soulmem_torch.retrieve.config import AssociationConfig, PprMethod
+from soulmem_torch.retrieve.config import (
+    AUTO_SEQUENTIAL_MAX_NODES,
+    AssociationConfig,
+    PprMethod,
+)
 
 __all__ = [
     "edge_weights",
     "resolve_device",
+    "resolve_method",
     "run_association",
     "sources_matrix",
     "situation_mask",
@@ -147,6 +152,15 @@ def sources_matrix(
     return weights.to(device), keys.to(device)
 
 
+def resolve_method(method: PprMethod, *, num_nodes: int, device: torch.device) -> PprMethod:
+    """``auto`` → ``sequential`` on a CPU graph of ≤ 4096 notes, else ``power``."""
+    if method is not PprMethod.AUTO:
+        return method
+    if device.type == "cpu" and num_nodes <= AUTO_SEQUENTIAL_MAX_NODES:
+        return PprMethod.SEQUENTIAL
+    return PprMethod.POWER
+
+
 def run_association(
     graph: Any, weights: Tensor, keys: Tensor, config: AssociationConfig
 ) -> tuple[Tensor, Tensor]:
@@ -163,7 +177,8 @@ def run_association(
     cols = ok.nonzero().reshape(-1)
     p, k = weights[:, cols], keys[:, cols]
     damping, threshold = config.damping_factor, config.residue_threshold
-    if config.method is PprMethod.SEQUENTIAL:
+    method = resolve_method(config.method, num_nodes=n, device=weights.device)
+    if method is PprMethod.SEQUENTIAL:
         edge_index = graph.edge_index.cpu()
         w = edge_weights(graph, config).cpu()
         pc, kc = p.cpu(), k.cpu()
@@ -175,7 +190,7 @@ def run_association(
             )
             results.append(r if r.numel() else torch.zeros(n, dtype=torch.float64))
         res = torch.stack(results, dim=1).to(weights.device)
-    elif config.method is PprMethod.PUSH:
+    elif method is PprMethod.PUSH:
         res = ppr_forward_push(
             transition(graph, config), p, key_mask=k, damping=damping, threshold=threshold
         )

@@ -39,3 +39,28 @@ def test_resolve_device() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(DeviceResolutionError, match="CUDA"):
             resolve_device("cuda")
+
+
+def test_auto_method_is_exact_on_small_cpu_graphs_and_power_elsewhere() -> None:
+    from soulmem_torch.retrieve._engine import resolve_method
+    from soulmem_torch.retrieve.config import AUTO_SEQUENTIAL_MAX_NODES, PprMethod
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_method(PprMethod.AUTO, num_nodes=34, device=cpu) is PprMethod.SEQUENTIAL
+    big = AUTO_SEQUENTIAL_MAX_NODES + 1
+    assert resolve_method(PprMethod.AUTO, num_nodes=big, device=cpu) is PprMethod.POWER
+    assert resolve_method(PprMethod.AUTO, num_nodes=34, device=cuda) is PprMethod.POWER
+    assert resolve_method(PprMethod.PUSH, num_nodes=34, device=cpu) is PprMethod.PUSH
+
+
+def test_default_association_equals_the_sequential_oracle() -> None:
+    from soulmem_torch.retrieve import AssociationConfig, RetrAssociation
+    from tests.retrieve.helpers import small_world
+
+    wm, names = small_world()
+    src = [(names["cafe"], 0.7), (names["rainy"], 0.4)]
+    default = RetrAssociation().retrieve(AssociationConfig(top_k=7).into_request(wm, src))
+    oracle = RetrAssociation().retrieve(
+        AssociationConfig(top_k=7, method="sequential").into_request(wm, src)
+    )
+    assert default == oracle  # bit for bit
