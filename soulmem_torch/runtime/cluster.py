@@ -291,6 +291,10 @@ class MemoryCluster:
         """
         return self.add_notes([note], None if embedding is None else [embedding])[0]
 
+    def add_single_node(self, node: EmbeddedMemoryNote | MemoryNote) -> bool:
+        """The original's name for :meth:`add_note` (takes an ``EmbeddedMemoryNote``)."""
+        return self.add_note(node)
+
     def add_notes(
         self,
         notes: Iterable[MemoryNote | EmbeddedMemoryNote],

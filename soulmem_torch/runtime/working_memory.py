@@ -59,10 +59,10 @@ class WorkingMemory:
 
     def __init__(
         self,
+        window_capacity: int = 20,
         *,
         cluster: MemoryCluster | None = None,
         sliding_window: SlidingWindow | None = None,
-        window_capacity: int = 20,
         llm: LLMCallable | None = None,
         summary_timeout: float | None = None,
     ) -> None:
@@ -74,6 +74,15 @@ class WorkingMemory:
             else SlidingWindow(window_capacity, llm, timeout=summary_timeout)
         )
         self.records: dict[MemoryId, Record] = {}
+
+    @classmethod
+    def new(cls, window_capacity: int = 20) -> WorkingMemory:
+        """``WorkingMemory::new(capacity)``: an empty memory with a window of that capacity."""
+        return cls(window_capacity)
+
+    def memory_cluster(self) -> MemoryCluster:
+        """The cluster (the original's accessor name)."""
+        return self.cluster
 
     def __repr__(self) -> str:
         return (

@@ -102,3 +102,15 @@ def test_graph_and_window_wiring(device):
     window = SlidingWindow(5)
     assert WorkingMemory(sliding_window=window).sliding_window is window
     assert "WorkingMemory(state=Idle" in repr(wm)
+
+
+def test_original_spellings() -> None:
+    from tests.runtime.helpers import sem as _sem
+
+    wm = WorkingMemory(10)
+    assert wm.sliding_window.capacity == 10
+    assert WorkingMemory.new(3).sliding_window.capacity == 3
+    assert wm.memory_cluster() is wm.cluster
+    note = _sem("x")
+    assert wm.memory_cluster().add_single_node(note) is True
+    assert note.id in wm.cluster
