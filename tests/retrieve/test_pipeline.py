@@ -167,3 +167,34 @@ def test_priority_helpers() -> None:
     assert summed == [("b", pytest.approx(1.4))]
     with pytest.raises(ValidationError):
         mix_by_priority([[("a", 1.0)]], [1, 2])
+
+
+def test_plain_mode_zero_and_nan_queries() -> None:
+    from tests.retrieve.helpers import small_world
+
+    wm, _ = small_world()
+    for i, mid in enumerate(wm.cluster.ids()):
+        wm.cluster.set_embedding(mid, MemoryEmbedding.from_vector(torch.eye(7, 8)[i]))
+    zero = SimilarityConfig(similarity_threshold=0.0).into_request(wm, torch.zeros(8))
+    got = RetrSimilarity().retrieve(zero)
+    assert got and all(s == 0.0 for _, s in got)  # cos with a zero vector is 0 (SPEC §3)
+    assert RetrSimilarity().retrieve(SimilarityConfig().into_request(wm, torch.zeros(8))) == []
+    nan = torch.full((8,), float("nan"))
+    with pytest.raises(ValidationError, match="finite"):
+        RetrSimilarity().retrieve(SimilarityConfig().into_request(wm, nan))
+
+
+def test_pipeline_on_a_bare_graph_has_no_short_term_memory() -> None:
+    from tests.retrieve.helpers import small_world
+
+    wm, _ = small_world()
+    for i, mid in enumerate(wm.cluster.ids()):
+        wm.cluster.set_embedding(mid, MemoryEmbedding.from_vector(torch.eye(7, 8)[i]))
+    graph = wm.graph()
+    res = RetrDefaultPipeline().retrieve(
+        DefaultPipelineConfig(similarity=SimilarityConfig(similarity_threshold=0.5)).into_request(
+            graph, torch.eye(7, 8)[2]
+        )
+    )
+    assert res.short_history == [] and res.short_mem == ""
+    assert res.association[0][0] == wm.cluster.ids()[2]
