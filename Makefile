@@ -30,8 +30,12 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/soulmem demo
 
+# The full CPU suite with the peers side by side (~15 min, ~13 GB RAM); tables in RESULTS.md.
 bench: $(STAMP)
-	$(BIN)/python -m pytest benchmarks --benchmark-enable --benchmark-only -q
+	$(BIN)/python -m pip install -q -e '.[dev,peers]'
+	SOULMEM_BENCH_ROWS=bench-rows.jsonl $(BIN)/python -m pytest benchmarks \
+		--benchmark-enable --benchmark-only -q
+	$(BIN)/python -m benchmarks.report bench-rows.jsonl
 
 gpu-check:
 	bash benchmarks/gpu_check.sh

@@ -1,0 +1,154 @@
+"""The whole default pipeline (ShortOnly → Similarity → AssociateWithAction → merge), batched.
+
+Run: ``pytest benchmarks/test_bench_pipeline.py --benchmark-enable --benchmark-only``.
+
+Memory: a synthetic 1M-note graph (and a 100k one): 40% Semantic, 35% SpecificSituation, 20%
+AbstractSituation and 5% Procedure notes; ~5 links per note drawn Chung–Lu style (Sem and
+Situation links; a link into a Procedure note is a TrigToAction link with a random
+probability); a 384-wide tag vector per note near a 64-dimensional subspace. Queries are plain
+vectors (noisy copies of random notes' vectors), so the Similarity step finds 4 seeds above the
+0.35 floor and every query runs association and BayesAction. ``ppr`` = the association method:
+``push`` (the default config) or ``power``.
+
+Reported: queries per second (``qps``) per batch size, and the mean number of seeds / merged
+memories / actions per query (to show each query did the full work).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from benchmarks import _graphs, _harness
+from soulmem_torch.functional.codes import (
+    LINK_PROC,
+    LINK_SEM,
+    LINK_SIT_ABSTRACT_TO_SPECIFIC,
+    LINK_SIT_SPECIFIC_TO_ABSTRACT,
+    NODE_ABSTRACT,
+    NODE_PROCEDURE,
+    NODE_SEMANTIC,
+    NODE_SPECIFIC,
+)
+from soulmem_torch.graph import MemoryGraph
+from soulmem_torch.retrieve import (
+    AssociateWithActionConfig,
+    AssociationConfig,
+    DefaultPipelineConfig,
+    RetrDefaultPipeline,
+)
+from soulmem_torch.retrieve.config import PprMethod
+from soulmem_torch.retrieve.pipeline import DefaultPipelineRequest
+
+SIZES = {"100k": 100_000, "1M": 1_000_000}
+BATCHES = [1, 64, 256]
+DIM = 384
+RANK = 64
+
+_CACHE: dict[tuple, object] = {}
+
+
+def synthetic_memory(num_notes: int, *, device: torch.device | str = "cpu", seed: int = 0):
+    """The synthetic memory graph described in the module docstring, on ``device``."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.rand(num_notes, generator=gen)
+    node_type = torch.full((num_notes,), NODE_SEMANTIC, dtype=torch.int64)
+    node_type[u >= 0.40] = NODE_SPECIFIC
+    node_type[u >= 0.75] = NODE_ABSTRACT
+    node_type[u >= 0.95] = NODE_PROCEDURE
+    edges = _graphs.chung_lu_edges(num_notes, 5 * num_notes, seed=seed)
+    num_edges = edges.shape[1]
+    kinds = torch.tensor([LINK_SEM, LINK_SIT_ABSTRACT_TO_SPECIFIC, LINK_SIT_SPECIFIC_TO_ABSTRACT])
+    kind = kinds[torch.randint(0, 3, (num_edges,), generator=gen)]
+    to_proc = node_type[edges[1]] == NODE_PROCEDURE
+    kind = torch.where(to_proc, LINK_PROC, kind)
+    basis = torch.randn(RANK, DIM, generator=gen) / RANK**0.5
+    tag = torch.empty(num_notes, DIM)
+    for start in range(0, num_notes, 1 << 17):
+        stop = min(num_notes, start + (1 << 17))
+        rows = torch.randn(stop - start, RANK, generator=gen) @ basis
+        rows += 0.3 * torch.randn(stop - start, DIM, generator=gen)
+        tag[start:stop] = rows / rows.norm(dim=1, keepdim=True)
+    graph = MemoryGraph.from_tensors(
+        edges.to(device),
+        num_nodes=num_notes,
+        edge_kind=kind.to(device),
+        node_type=node_type.to(device),
+        intensity=(0.1 + 0.9 * torch.rand(num_edges, generator=gen, dtype=torch.float64)).to(
+            device
+        ),
+        confidence=torch.rand(num_edges, generator=gen).to(device),
+        prob=torch.rand(num_edges, generator=gen, dtype=torch.float64).to(device),
+        tag_emb=tag.to(device),
+    )
+    _ = graph.ids  # materialize the ids once (outside any timed call)
+    return graph
+
+
+def _memory(size: str, device: str) -> MemoryGraph:
+    key = (size, device)
+    if key not in _CACHE:
+        for k in [k for k in _CACHE if k[1] == device]:
+            del _CACHE[k]
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        _CACHE[key] = synthetic_memory(SIZES[size], device=device)
+    return _CACHE[key]
+
+
+def _queries(graph: MemoryGraph, batch: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(batch)
+    rows = torch.randint(0, int(graph.num_nodes), (batch,), generator=gen)
+    tag = graph.tag_emb[rows.to(graph.tag_emb.device)].cpu()
+    q = tag + 0.5 * torch.randn(batch, DIM, generator=gen) / DIM**0.5
+    return list(q.to(graph.tag_emb.device))
+
+
+def _config(ppr: str) -> DefaultPipelineConfig:
+    method = PprMethod.PUSH if ppr == "push" else PprMethod.POWER
+    assoc = AssociationConfig(method=method, power_tol=1e-5)
+    return DefaultPipelineConfig(assoc_with_action=AssociateWithActionConfig(association=assoc))
+
+
+@pytest.mark.parametrize("batch", BATCHES, ids=[f"b{b}" for b in BATCHES])
+@pytest.mark.parametrize("ppr", ["push", "power"])
+@pytest.mark.parametrize("size", list(SIZES))
+def test_default_pipeline(benchmark, bench_device, size, ppr, batch):
+    """Queries per second of ``RetrDefaultPipeline.retrieve_batch`` on a synthetic memory."""
+    if bench_device.type == "cpu" and size == "1M" and batch > 64:
+        pytest.skip("1M notes x batch 256 needs ~15 GB of (N, B) float64 work tensors on CPU")
+    benchmark.group = f"pipeline-{size}"
+    threads = _harness.set_threads()
+    dev = str(bench_device)
+    graph = _memory(size, dev)
+    config = _config(ppr)
+    requests = [
+        DefaultPipelineRequest(graph, q, config=config, device=bench_device)
+        for q in _queries(graph, batch)
+    ]
+    pipeline = RetrDefaultPipeline()
+
+    def run():
+        out = pipeline.retrieve_batch(requests)
+        _harness.sync(bench_device)
+        return out
+
+    first, _ = _harness.time_call(run, bench_device)  # warm-up: builds the cached operator
+    rounds = _harness.rounds_for(first)
+    out = benchmark.pedantic(run, rounds=rounds, iterations=1, warmup_rounds=0)
+    mean = _harness.mean_seconds(benchmark, first)
+    row = {
+        "group": benchmark.group, "method": f"pipeline/{ppr}", "device": dev,
+        "n": int(graph.num_nodes), "e": int(graph.edge_index.shape[1]), "batch": batch,
+        "mean_ms": mean * 1e3, "us_per_query": mean * 1e6 / batch, "qps": batch / mean,
+        "seeds": sum(len(r.seeds) for r in out) / batch,
+        "merged": sum(len(r.association) for r in out) / batch,
+        "actions": sum(len(r.action) for r in out) / batch,
+        "threads": threads if bench_device.type == "cpu" else None, "rounds": rounds,
+    }  # fmt: skip
+    assert row["seeds"] > 0, "the synthetic queries should find seeds"
+    benchmark.extra_info.update({k: v for k, v in row.items() if k != "group"})
+    _harness.record(row)

@@ -1,0 +1,51 @@
+"""The notebooks execute headless, top to bottom, at their small default sizes.
+
+``notebooks/01_quickstart.ipynb`` (the library in ten cells) and ``notebooks/02_benchmarks.ipynb``
+(the PPR comparison with the peers, plotted) are run with nbclient in a fresh kernel; figures go
+to a temporary folder. Skipped, with the reason, when nbclient / nbformat / ipykernel /
+matplotlib are not installed (they are benchmark / docs extras, not runtime dependencies).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def _require(module: str) -> None:
+    pytest.importorskip(module, reason=f"{module} is not installed (notebook extras)")
+
+
+@pytest.mark.parametrize("name", ["01_quickstart", "02_benchmarks"])
+def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in ("nbformat", "nbclient", "ipykernel", "matplotlib"):
+        _require(module)
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("SOULMEM_NB_OUT", str(tmp_path))
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=240,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(NOTEBOOKS)}},
+    )
+    client.execute()  # raises CellExecutionError, naming the cell, on any failure
+    errors = [
+        out
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        if out.get("output_type") == "error"
+    ]
+    assert not errors
+    if name == "02_benchmarks":
+        assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+            "ppr_cpu_vs_gpu.png",
+            "ppr_time_vs_error.png",
+            "ppr_time_vs_size.png",
+        ]
