@@ -196,7 +196,13 @@ def run_association(
         )
     else:
         res = ppr_power_iteration(
-            transition(graph, config), p, key_mask=k, damping=damping, tol=config.power_tol
+            transition(graph, config),
+            p,
+            key_mask=k,
+            damping=damping,
+            tol=config.power_tol,
+            dtype=torch.float32 if config.power_dtype == "float32" else torch.float64,
+            local=config.power_local,
         )
     out[:, cols] = res
     ok = ok.clone()
