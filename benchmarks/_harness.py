@@ -148,20 +148,23 @@ def ppr_floor(
     dangling: int,
     keys: int,
     bandwidth: float,
+    value_bytes: int = 8,
 ) -> dict[str, float]:
     """Minimum bytes (and seconds at ``bandwidth``) of ``steps`` weighted power-iteration steps.
 
-    Per step: the ``P^T`` CSR once (``8 nnz`` float64 values + ``4 nnz`` int32 columns +
-    ``4 (N + 1)`` row pointers), the iterate read once and the next one written once
-    (``16 N B``), plus the dangling gather (``8 D B``) and the key scatter (``16 keys B``).
-    For ``B = 1`` this is the issue's "about ``8 E + 16 N`` bytes" plus the index bytes.
-    ``gather_bytes`` is the extra worst-case traffic when the ``X`` rows gathered by the
-    sparse product miss the cache (``8 B`` bytes per nonzero instead of one read of ``X``).
+    Per step, with ``v = value_bytes`` (8 for float64, 4 for float32): the ``P^T`` CSR once
+    (``v nnz`` values + ``4 nnz`` int32 columns + ``4 (N + 1)`` row pointers), the iterate read
+    once and the next one written once (``2 v N B``), plus the dangling gather (``v D B``) and
+    the key scatter (``2 v keys B``). For float64 and ``B = 1`` this is the issue's "about
+    ``8 E + 16 N`` bytes" plus the index bytes. ``gather_bytes`` is the extra worst-case traffic
+    when the ``X`` rows gathered by the sparse product miss the cache (``v B`` bytes per
+    nonzero instead of one read of ``X``).
     """
-    per_step = 12 * nnz + 4 * (num_nodes + 1) + 16 * num_nodes * batch
-    per_step += 8 * dangling * batch + 16 * keys * batch
+    v = int(value_bytes)
+    per_step = (v + 4) * nnz + 4 * (num_nodes + 1) + 2 * v * num_nodes * batch
+    per_step += v * dangling * batch + 2 * v * keys * batch
     total = steps * per_step
-    gather = steps * 8 * max(nnz - num_nodes, 0) * batch
+    gather = steps * v * max(nnz - num_nodes, 0) * batch
     return {
         "floor_bytes": float(total),
         "floor_s": total / bandwidth,

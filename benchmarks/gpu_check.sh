@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check: the CUDA tests, then the GPU benchmarks, in about 5 minutes; results under $OUT.
+# GPU check: the CUDA tests, then the GPU benchmarks, in at most ~7 minutes (the stage limits);
+# results under $OUT.
 #
 # Prepare (on the machine with the checkout, once):
 #     mkdir -p .whl && cp ../shared/gpu-wheels/*.whl .whl/
@@ -19,6 +20,12 @@
 #     summary.md             every table + the memory-traffic floors + the target checks
 # Each stage has its own time limit, so one slow or failing stage does not stop the others;
 # the stages' exit codes are in status.txt.
+#
+# PPR on CUDA: stage ppr-f32 runs first, so its rows exist even if a later stage hits its
+# limit: power (float64) next to power-f32 (dtype=torch.float32) on n = 3000, BA 100k and
+# Chung–Lu 1M nodes / 10M edges, b1 / 64 / 256. Stage ppr adds every other method on n = 3000
+# and BA 100k (power-local / power-local-f32 on n = 3000), stage chunglu the rest of Chung–Lu
+# (power and power-f32 on 10M nodes / 100M edges included).
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu-results}"
@@ -81,8 +88,11 @@ bench() {  # bench NAME LIMIT FILE -k EXPR
     --benchmark-only --benchmark-json="$OUT/bench-$name.json" --benchmark-columns=min,mean,rounds \
     > "$OUT/bench-$name.txt" 2>&1
 }
-bench ppr 70 benchmarks/test_bench_ppr.py -k "cuda and (n3000 or ba100k)"
-bench chunglu 75 benchmarks/test_bench_ppr.py -k "cuda and chunglu"
+bench ppr-f32 60 benchmarks/test_bench_ppr.py \
+  -k "cuda and (n3000 or ba100k or chunglu1M) and (power-b or power-f32)"
+bench ppr 80 benchmarks/test_bench_ppr.py -k "cuda and (n3000 or ba100k) and not power-b and not power-f32"
+bench chunglu 75 benchmarks/test_bench_ppr.py \
+  -k "cuda and chunglu and not (chunglu1M and (power-b or power-f32))"
 bench similarity 45 benchmarks/test_bench_similarity.py -k "cuda"
 bench pipeline 60 benchmarks/test_bench_pipeline.py -k "cuda and 1M"
 

@@ -8,7 +8,8 @@ Situation links; a link into a Procedure note is a TrigToAction link with a rand
 probability); a 384-wide tag vector per note near a 64-dimensional subspace. Queries are plain
 vectors (noisy copies of random notes' vectors), so the Similarity step finds 4 seeds above the
 0.35 floor and every query runs association and BayesAction. ``ppr`` = the association method:
-``push`` (the default config) or ``power``.
+``push`` or ``power`` (what the default ``method="auto"`` picks for graphs of more than
+4096 notes), with ``power_tol=1e-5``.
 
 Reported: queries per second (``qps``) per batch size, and the mean number of seeds / merged
 memories / actions per query (to show each query did the full work).

@@ -10,21 +10,31 @@ weights; batch 1, 64, 256. Damping 0.65 (continue probability), the original's d
 
 Methods (``method`` column):
 
-============== ===========================================================================
-push           ``ppr_forward_push``, threshold calibrated to L1 <= 1e-5
-push@1e-5      ``ppr_forward_push`` at the original's default threshold 1e-5 (its accuracy)
-power          ``ppr_power_iteration`` on the cached operator, steps calibrated to L1 <= 1e-5
-power+build    dynamic weights + ``build_transition`` + ``ppr_power_iteration`` (cold graph)
-sequential     ``ppr_sequential_push`` (the Python parity oracle) at threshold 1e-5
-naive          ``ppr_naive`` (the original's *unweighted* naive_ppr; a different problem)
-csr-addmm      bare loop of K ``torch.addmm(P^T, X)`` (the fastest torch CSR entry point)
-csr-spmm       bare loop of K ``torch.sparse.mm(P^T, X)``
-csr-addmm-f32  the csr-addmm loop in float32 (what a float32 kernel would cost; not a library path)
-scipy          scipy CSR power iteration, same K and dangling rule
-igraph         ``personalized_pagerank`` (PRPACK), what HippoRAG calls
-networkx       ``nx.pagerank``, tol calibrated
-pyg            ``torch_geometric.utils.get_ppr`` (unweighted single-seed push), eps calibrated
-============== ===========================================================================
+================ =========================================================================
+push             ``ppr_forward_push``, threshold calibrated to L1 <= 1e-5
+push@1e-5        ``ppr_forward_push`` at the original's default threshold 1e-5 (its accuracy)
+power            ``ppr_power_iteration`` on the cached operator, steps calibrated to L1 <= 1e-5
+power-f32        the same with ``dtype=torch.float32`` (float32 iterate and ``P^T``; float64 out)
+power-local      the same with ``local=True`` (only the nodes reachable from the keys within the
+                 step count, when they are <= N/4 of the graph; identical result). Original graph
+                 only: on the power-law graphs the keys reach most of the graph (a no-op there)
+power-local-f32  both options (``AssociationConfig(method="power", power_dtype="float32")``)
+power+build      dynamic weights + ``build_transition`` + ``ppr_power_iteration`` (cold graph)
+sequential       ``ppr_sequential_push`` (the Python parity oracle) at threshold 1e-5
+naive            ``ppr_naive`` (the original's *unweighted* naive_ppr; a different problem)
+csr-addmm        bare loop of K ``torch.addmm(P^T, X)`` (the fastest torch CSR entry point)
+csr-spmm         bare loop of K ``torch.sparse.mm(P^T, X)``
+csr-addmm-f32    the csr-addmm loop in float32 (what a float32 kernel would cost; not a library path)
+scipy            scipy CSR power iteration, same K and dangling rule
+igraph           ``personalized_pagerank`` (PRPACK), what HippoRAG calls
+networkx         ``nx.pagerank``, tol calibrated
+pyg              ``torch_geometric.utils.get_ppr`` (unweighted single-seed push), eps calibrated
+================ =========================================================================
+
+Every ``power*`` variant has its own step count, calibrated by the same rule as ``power`` (the
+loosest count whose max L1 on the calibration queries is <= 1e-5; the error reported is measured
+on the timed output). The ``local`` rows also record ``reach`` (nodes reachable from the batch's
+keys within the step count) and whether the shortcut applied (``reach <= N/4``).
 
 Each case records ``l1_max`` / ``l1_mean`` (against the float64 reference, first 16 queries),
 ``top20`` (top-20 overlap), the knob used, µs per query, and on CUDA the memory-traffic floor.
@@ -55,9 +65,16 @@ warnings.filterwarnings("ignore", message=".*[Ss]parse CSR tensor support is in 
 ORIGINAL_SIZES = [20, 100, 300, 1000, 3000]
 BATCHES = [1, 64, 256]
 METHODS = [
-    "push", "push@1e-5", "power", "power+build", "sequential", "naive",
-    "csr-addmm", "csr-spmm", "csr-addmm-f32", "scipy", "igraph", "networkx", "pyg",
+    "push", "push@1e-5", "power", "power-f32", "power-local", "power-local-f32", "power+build",
+    "sequential", "naive", "csr-addmm", "csr-spmm", "csr-addmm-f32", "scipy", "igraph",
+    "networkx", "pyg",
 ]  # fmt: skip
+POWER_VARIANTS = {  # method -> (dtype, local) of ppr_power_iteration
+    "power": (torch.float64, False),
+    "power-f32": (torch.float32, False),
+    "power-local": (torch.float64, True),
+    "power-local-f32": (torch.float32, True),
+}
 CHUNG_LU = {"1M-10M": (1_000_000, 10_000_000), "10M-100M": (10_000_000, 100_000_000)}
 PEERS = {"scipy", "igraph", "networkx", "pyg"}
 CPU_ONLY = PEERS | {"sequential"}
@@ -122,11 +139,16 @@ def _knob(key: str, method: str, device: str):
         return _knob(key, "power", device)  # equal work: the same number of steps
     cal = _case(key, device, 4 if key.startswith("chunglu-10M") else 8, seed=1)
     err = lambda x: float(cal.error(x)["l1_max"])  # noqa: E731
-    if method == "power":
+    if method in POWER_VARIANTS:  # each variant calibrates its own step count
         op = _operator(key, device)
+        dtype, local = POWER_VARIANTS[method]
         first = power_iteration_steps(D, _harness.TARGET_L1 * 8)
         last = power_iteration_steps(D, 1e-13)
-        run = lambda k: ppr_power_iteration(op, cal.personalization, damping=D, num_steps=k)  # noqa: E731
+
+        def run(k):
+            p = cal.personalization
+            return ppr_power_iteration(op, p, damping=D, num_steps=k, dtype=dtype, local=local)
+
         return _harness.calibrate(run, range(first, last + 1), err)
     if method == "push":
         op = _operator(key, device)
@@ -161,6 +183,11 @@ def _skip_reason(key: str, method: str, batch: int, device: torch.device) -> str
     if method == "networkx" and batch > 1:
         return "networkx converts the graph on every call: per-query time = batch 1's"
     big = key == "ba100k" or key.startswith("chunglu-")
+    if big and method in ("power-local", "power-local-f32"):
+        return (
+            "local is a no-op on the power-law graphs (the keys reach more than a quarter of "
+            "the graph within the step count); see power / power-f32"
+        )
     if big and method == "sequential" and batch > 1:
         return "the Python oracle on 1M edges: batch 1 only (per-query loop)"
     if big and method == "naive" and batch > 1:
@@ -190,9 +217,12 @@ def _skip_reason(key: str, method: str, batch: int, device: torch.device) -> str
 def _runner(key: str, method: str, case: _graphs.PprCase, knob, device: torch.device):
     p = case.personalization
     dev = str(device)
-    if method == "power":
+    if method in POWER_VARIANTS:
         op = _operator(key, dev)
-        return lambda: ppr_power_iteration(op, p, damping=D, num_steps=knob)
+        dtype, local = POWER_VARIANTS[method]
+        return lambda: ppr_power_iteration(
+            op, p, damping=D, num_steps=knob, dtype=dtype, local=local
+        )
     if method == "power+build":
         g = case.graph
 
@@ -284,22 +314,58 @@ def _bench(benchmark, key: str, group: str, method: str, batch: int, device: tor
         notes.append("unweighted problem; err_own = vs its own exact solution")
     if method == "naive":
         notes.append("unweighted (the original's naive_ppr)")
+    if method in ("power-local", "power-local-f32"):
+        reach = _reach(_operator(key, dev), case.personalization, int(knob))
+        row["reach"] = reach
+        applied = reach <= case.num_nodes // 4
+        row["local_applied"] = applied
+        notes.append(
+            f"local: {reach} of {case.num_nodes} nodes iterated"
+            if applied
+            else f"local not applied: {reach} reachable nodes > N/4, whole graph iterated"
+        )
     row["note"] = "; ".join(notes) or None
-    if device.type == "cuda" and method in ("power", "power+build", "csr-addmm"):
-        row.update(_floor(key, case, batch, int(knob), mean, device))
+    if device.type == "cuda" and method in _FLOOR_METHODS:
+        row.update(_floor(key, case, batch, int(knob), mean, device, method))
     benchmark.extra_info.update({k: v for k, v in row.items() if k != "group"})
     _harness.record(row)
 
 
-def _floor(key: str, case, batch: int, steps: int, mean: float, device: torch.device) -> dict:
-    """Memory-traffic floor of ``steps`` power-iteration steps (``_harness.ppr_floor``) at the
-    measured copy bandwidth, and measured / floor."""
+_FLOOR_METHODS = {"power", "power-f32", "power+build", "csr-addmm", "csr-addmm-f32"}
+
+
+def _reach(op, personalization: torch.Tensor, steps: int) -> int:
+    """Nodes reachable from any key of the batch within ``steps`` hops over edges of nonzero
+    weight: the set ``local=True`` iterates when it is at most N/4 (it stops counting there)."""
+    n = op.num_nodes
+    live = op.weight != 0
+    src = torch.repeat_interleave(torch.arange(n, device=op.col.device), op.out_degree)[live]
+    dst = op.col[live]
+    reach = (personalization != 0).any(dim=1)
+    frontier = reach
+    for _ in range(steps):
+        new = torch.zeros_like(reach)
+        new[dst[frontier.index_select(0, src)]] = True
+        frontier = new & ~reach
+        if not bool(frontier.any()):
+            break
+        reach |= frontier
+        if int(reach.sum()) > n // 4:
+            break
+    return int(reach.sum())
+
+
+def _floor(
+    key: str, case, batch: int, steps: int, mean: float, device: torch.device, method: str
+) -> dict:
+    """Memory-traffic floor of ``steps`` power-iteration steps (``_harness.ppr_floor``, in the
+    method's value precision) at the measured copy bandwidth, and measured / floor."""
     op = _operator(key, str(device))
     bandwidth = _harness.copy_bandwidth(device)
     floor = _harness.ppr_floor(
         num_nodes=case.num_nodes, nnz=int(op.transpose.values().numel()), batch=batch,
         steps=steps, dangling=int(op.dangling_index.numel()), keys=4 * batch,
-        bandwidth=bandwidth,
+        bandwidth=bandwidth, value_bytes=4 if method.endswith("-f32") else 8,
     )  # fmt: skip
     return {
         "floor_ms": floor["floor_s"] * 1e3,
@@ -331,7 +397,7 @@ def test_ppr_ba100k(benchmark, bench_device, method, batch):
 
 @pytest.mark.parametrize("batch", BATCHES, ids=[f"b{b}" for b in BATCHES])
 @pytest.mark.parametrize(
-    "method", ["power", "csr-addmm", "power+build", "csr-addmm-f32", "push@1e-5"]
+    "method", ["power", "power-f32", "csr-addmm", "power+build", "csr-addmm-f32", "push@1e-5"]
 )
 @pytest.mark.parametrize("size", list(CHUNG_LU), ids=[f"chunglu{s}" for s in CHUNG_LU])
 def test_ppr_chung_lu(benchmark, bench_device, size, method, batch):

@@ -56,6 +56,7 @@ __all__ = [
 ]
 
 _F64 = torch.float64
+_LOCAL_MIN_NODES = 512  # below this the reachability scan costs more than it can save
 
 
 class PushStats(NamedTuple):
@@ -807,8 +808,8 @@ def ppr_power_iteration(
         local: restrict the iteration to the nodes reachable from the keys within the step
             count (found by a frontier expansion over the edges of nonzero weight; a node
             outside it has exactly zero mass after ``K`` steps, so the result is identical).
-            Used when that set is at most a quarter of the graph; otherwise the whole graph is
-            iterated. Adds host synchronizations (not for CUDA-graph capture).
+            Used when the graph has more than 512 nodes and that set is at most a quarter of
+            it; otherwise the whole graph is iterated. Adds host synchronizations (not for CUDA-graph capture).
 
     Returns:
         shape as ``personalization``, float64 (whatever ``dtype``), on the operator's device, each column
@@ -838,7 +839,7 @@ def ppr_power_iteration(
     if steps == 0 or d == 0.0 or n == 0:
         return _finish(restart, q.squeeze)
     key_flat, key_cols, n_src = q.keys()
-    if local:
+    if local and n > _LOCAL_MIN_NODES:
         sub = _reachable_subproblem(operator, q, steps)
         if sub is not None:
             nodes, transpose, dangling, index = sub
