@@ -1042,6 +1042,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    """Writes the JSON Schema of one note (the Rust serde shape)."""
+    from soulmem_torch.model import memory_note_json_schema
+
+    data = (json.dumps(memory_note_json_schema(), ensure_ascii=False, indent=2) + "\n").encode()
+    if args.file == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        _atomic_write(args.file, data)
+        _info(args, f"wrote the MemoryNote JSON Schema to {args.file}")
+    return EXIT_OK
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Runs a retrieval suite (question.json) and prints its metric table."""
     if not Path(args.suite).is_file():
@@ -1322,6 +1336,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="output format (default serde)",
     )
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
+        "schema",
+        parents=[common],
+        help="write the JSON Schema of a note (the Rust serde shape)",
+        description="The JSON Schema (draft 2020-12) of one MemoryNote as the Rust original "
+        "serializes it: externally tagged enums, RFC 3339 times, UUID strings.",
+    )
+    p.add_argument("file", metavar="FILE", nargs="?", default="-", help="output file (default -)")
+    p.set_defaults(func=cmd_schema)
 
     p = sub.add_parser(
         "eval",

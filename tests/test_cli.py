@@ -488,3 +488,12 @@ def test_forget_killed_mid_save_leaves_the_previous_version(
     store.save(contents.notes, contents.embeddings, readable_ids=contents.readable_ids)
     assert not list((store_copy / "versions").glob(".tmp-*"))
     assert MemoryStore(store_copy).load().notes[0].to_json() == contents.notes[0].to_json()
+
+
+def test_schema(tmp_path: Path) -> None:
+    schema = json.loads(ok(soulmem("schema")))
+    assert schema["$schema"].endswith("2020-12/schema")
+    assert "SpecificSituation" in json.dumps(schema)
+    out = tmp_path / "note.schema.json"
+    ok(soulmem("schema", out))
+    assert json.loads(out.read_text(encoding="utf-8")) == schema
