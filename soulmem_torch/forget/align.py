@@ -26,7 +26,6 @@ raised and the note is unchanged.
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,6 +39,7 @@ from soulmem_torch.forget.decay import (
 )
 from soulmem_torch.forget.lazy import _as_note, _check_md, _check_timeout, call_llm
 from soulmem_torch.model import ConceptType, SemMemory
+from soulmem_torch.model.serde import to_float32
 
 __all__ = [
     "ALIGN_LENGTH_CAP_THRESHOLD",
@@ -177,9 +177,6 @@ def parse_align_response(response: str) -> AlignReply:
     return AlignReply(aliases, description, concept)
 
 
-def _f32(value: float) -> float:
-    return struct.unpack("<f", struct.pack("<f", value))[0]
-
 
 async def align_sem_fields(
     note: Any,
@@ -232,7 +229,7 @@ async def align_sem_fields(
     reply_text = await call_llm(llm, system, user, timeout=timeout, require_text=False)
     reply = parse_align_response(reply_text)
 
-    capped = _f32(md) < _f32(ALIGN_LENGTH_CAP_THRESHOLD)
+    capped = to_float32(md) < to_float32(ALIGN_LENGTH_CAP_THRESHOLD)
     blocked = False
     if reply.aliases is not None:
         if capped and len(reply.aliases) > len(before[0]):

@@ -50,12 +50,12 @@ from soulmem_torch.forget.lazy import (
     MaskOnly,
     NoAction,
     Revised,
-    _f32,
     get_summary,
     lazy_forget,
 )
 from soulmem_torch.forget.mask import resolve_tokenizer
 from soulmem_torch.model import SemMemory
+from soulmem_torch.model.serde import to_float32
 
 __all__ = [
     "ClusterAdapter",
@@ -347,12 +347,12 @@ async def forget_cluster(
     create_ns, counts = note_time_tensors(notes)
     md_list: list[float] = missing_degree_batch(create_ns, counts, now=now_ns, **decay_kw).tolist()
 
-    mask_threshold = _f32(MASK_THRESHOLD)
+    mask_threshold = to_float32(MASK_THRESHOLD)
     actions: list[ForgetAction | None] = [None] * len(notes)
     todo: list[int] = []
     for i, note in enumerate(notes):
         summary = get_summary(note)
-        if summary is None or _f32(md_list[i]) < mask_threshold:
+        if summary is None or to_float32(md_list[i]) < mask_threshold:
             actions[i] = NoAction(summary, md_list[i])
         else:
             todo.append(i)

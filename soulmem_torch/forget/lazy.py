@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,6 +37,7 @@ from soulmem_torch.forget.decay import (
 )
 from soulmem_torch.forget.mask import mask_text
 from soulmem_torch.model import SemMemory, SpecificSituation
+from soulmem_torch.model.serde import to_float32
 
 __all__ = [
     "MASK_THRESHOLD",
@@ -245,9 +245,6 @@ def build_reconstruct_prompt(masked_text: str, system_prompt: str | None = None)
 # -------------------------------------------------------------------------------------------
 # lazy_forget
 # -------------------------------------------------------------------------------------------
-def _f32(value: float) -> float:
-    return struct.unpack("<f", struct.pack("<f", value))[0]
-
 
 def _check_md(missing_degree: Any) -> float:
     number = isinstance(missing_degree, (int, float)) and not isinstance(missing_degree, bool)
@@ -306,11 +303,11 @@ async def lazy_forget(
     else:
         md = _check_md(missing_degree)
     old = get_summary(note)
-    if old is None or _f32(md) < _f32(MASK_THRESHOLD):
+    if old is None or to_float32(md) < to_float32(MASK_THRESHOLD):
         return NoAction(old, md)
 
     mask = mask_text(old, md, tokenizer)
-    if _f32(md) < _f32(REVISE_THRESHOLD):
+    if to_float32(md) < to_float32(REVISE_THRESHOLD):
         set_summary(note, mask.masked_text)
         return MaskOnly(md, mask.masked_count, mask.masked_text, old)
 

@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-__all__ = ["F32Float", "dumps_serde", "f32_round", "format_f32", "format_f64"]
+__all__ = ["F32Float", "dumps_serde", "f32_round", "format_f32", "format_f64", "to_float32"]
 
 
 class F32Float(float):
@@ -26,7 +26,7 @@ class F32Float(float):
     __slots__ = ()
 
 
-def _to_f32(x: float) -> float:
+def to_float32(x: float) -> float:
     """Rounds to the nearest float32 (±inf beyond its range, as a Rust ``as f32`` cast)."""
     try:
         return struct.unpack("<f", struct.pack("<f", x))[0]
@@ -40,10 +40,10 @@ def _shortest_f32_digits(x: float) -> tuple[str, int]:
     Returns ``(digits, e)`` with value = 0.d1d2… × 10^e … expressed as ``digits × 10^(e)`` where
     ``digits`` has no leading/trailing zeros (integer mantissa) — see :func:`_layout`.
     """
-    target = _to_f32(x)
+    target = to_float32(x)
     for p in range(1, 10):
         text = f"{target:.{p - 1}e}"
-        if _to_f32(float(text)) == target:
+        if to_float32(float(text)) == target:
             mant, exp = text.split("e")
             digits = mant.replace(".", "").replace("-", "")
             # Correct rounding may miss a shortest neighbour that also round-trips; ryu prefers the
@@ -97,7 +97,7 @@ def format_f64(x: float) -> str:
 
 def format_f32(x: float) -> str:
     """``x`` (cast to float32) as serde_json writes an ``f32``. Non-finite → ``null``."""
-    x32 = _to_f32(x) if math.isfinite(x) else x
+    x32 = to_float32(x) if math.isfinite(x) else x
     if not math.isfinite(x32):
         return "null"
     if x32 == 0:
@@ -110,7 +110,7 @@ def f32_round(x: float) -> float:
     """The Python float equal to the shortest decimal of ``float32(x)`` (what Rust keeps)."""
     if not math.isfinite(x):
         return x
-    if not math.isfinite(_to_f32(x)):
+    if not math.isfinite(to_float32(x)):
         raise ValueError(f"{x!r} is outside the float32 range (|x| <= 3.4028235e38)")
     return float(format_f32(x))
 
