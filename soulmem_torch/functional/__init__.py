@@ -35,6 +35,7 @@ from soulmem_torch.functional.similarity import (
     topk,
 )
 from soulmem_torch.functional.string_sim import string_distance_score
+from soulmem_torch.functional.topk import stable_topk
 
 __all__ = [
     "BlendWeights",
@@ -42,6 +43,7 @@ __all__ = [
     "embedding_scores",
     "fuse_string_scores",
     "fused_similarity",
+    "stable_topk",
     "string_distance_score",
     "topk",
     "PREFERENCE_SEMANTIC",

@@ -65,6 +65,7 @@ from soulmem_torch.embedding.fields import (
 )
 from soulmem_torch.errors import ValidationError
 from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SEMANTIC, NODE_SPECIFIC
+from soulmem_torch.functional.topk import stable_topk
 
 __all__ = [
     "BlendWeights",
@@ -168,14 +169,14 @@ def cosine_scores(query: Tensor, x: Tensor) -> Tensor:
 def topk(scores: Tensor, k: int, *, dim: int = -1) -> tuple[Tensor, Tensor]:
     """The ``k`` largest scores along ``dim``, descending; ties keep index order; NaN last.
 
+    Exactly the first ``k`` of a stable descending sort, found without a full sort
+    (:func:`~soulmem_torch.functional.topk.stable_topk`).
+
     Returns:
         ``(values, indices)``, each with ``min(k, size)`` entries along ``dim``.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValidationError(f"k: expected an int >= 0, found {k!r}")
-    key = torch.nan_to_num(scores, nan=float("-inf"))
-    order = torch.sort(key, dim=dim, descending=True, stable=True).indices
-    order = order.narrow(dim, 0, min(k, scores.shape[dim]))
+    key = torch.where(torch.isnan(scores), torch.full_like(scores, float("-inf")), scores)
+    _, order, _ = stable_topk(key, k, dim=dim)
     return scores.gather(dim, order), order
 
 

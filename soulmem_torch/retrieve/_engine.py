@@ -23,6 +23,7 @@ from soulmem_torch.functional.ppr import (
     ppr_power_iteration,
     ppr_sequential_push,
 )
+from soulmem_torch.functional.topk import stable_topk
 from soulmem_torch.model import MemoryId
 from soulmem_torch.retrieve.config import (
     AUTO_SEQUENTIAL_MAX_NODES,
@@ -210,40 +211,21 @@ def run_association(
     return out, ok
 
 
-def _topk_select(scores: Tensor, present: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Exact "stable sort descending, keep the first k" per column, without a full sort.
-
-    ``torch.topk`` finds the k-th value ``t`` of each column; every entry above ``t`` is kept
-    and, among entries equal to ``t``, the lowest node indices fill the remaining places — the
-    same set a stable descending sort would keep. The k kept entries are then ordered by
-    (score descending, node index ascending). O(N·B), one ``topk`` instead of a sort of N.
+def _topk_select(
+    scores: Tensor, present: Tensor, top_k: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per column of ``scores`` (N, B): the first ``top_k`` present entries of a stable
+    descending sort (:func:`~soulmem_torch.functional.topk.stable_topk`).
 
     Returns:
         ``selected (N, B) bool``, ``values (B, k)``, ``index (B, k)`` and ``valid (B, k)``
         (False where a column had fewer than k present entries).
     """
     n, b = scores.shape
-    k = min(int(top_k), n)
-    neg_inf = torch.full_like(scores, float("-inf"))
-    masked = torch.where(present, scores, neg_inf)
-    if k == 0 or b == 0:
-        empty = scores.new_zeros(b, 0)
-        return present & False, empty, empty.long(), empty.bool()
-    kth = torch.topk(masked, k, dim=0).values[-1:]  # (1, B)
-    above = (masked > kth) & present
-    tied = (masked == kth) & present
-    need = k - above.sum(dim=0, keepdim=True)
-    if bool((tied.sum(dim=0, keepdim=True) <= need).all()):
-        selected = above | tied  # no tie straddles the cut (the usual case): no scan needed
-    else:
-        selected = above | (tied & (torch.cumsum(tied, dim=0) <= need))
-    values, index = torch.topk(torch.where(selected, masked, neg_inf).T, k, dim=1)
-    by_index = torch.argsort(index, dim=1)
-    index, values = index.gather(1, by_index), values.gather(1, by_index)
-    by_value = torch.argsort(values, dim=1, descending=True, stable=True)
-    index, values = index.gather(1, by_value), values.gather(1, by_value)
-    valid = selected.T.gather(1, index)
-    return selected, values, index, valid
+    values, index, valid = stable_topk(scores.T, int(top_k), mask=present.T)
+    selected = torch.zeros(b, n, dtype=torch.bool, device=scores.device)
+    selected.scatter_(1, index, valid)
+    return selected.T, values, index, valid
 
 
 def topk_mask(scores: Tensor, present: Tensor, top_k: int) -> Tensor:

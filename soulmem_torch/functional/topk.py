@@ -1,0 +1,60 @@
+"""Exact "stable sort descending, keep the first k", without sorting the whole row."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from soulmem_torch.errors import ValidationError
+
+__all__ = ["stable_topk"]
+
+
+def stable_topk(
+    scores: Tensor, k: int, *, dim: int = -1, mask: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The first ``k`` entries of a stable descending sort along ``dim`` (ties: lower index first).
+
+    ``torch.topk`` finds the k-th value ``t``; every selectable entry above ``t`` is kept and,
+    among entries equal to ``t``, the lowest indices fill the remaining places — the set a
+    stable descending sort would keep — which are then ordered by (value descending, index
+    ascending). O(size) per row plus two small sorts of k, instead of a full sort.
+
+    Args:
+        scores: any shape; compared as given (map NaN beforehand if it may occur).
+        k: >= 0; clipped to the size of ``dim``.
+        dim: the dimension to select along.
+        mask: shape as ``scores``, bool. Entries that may be selected (default: all). Rows with
+            fewer than ``k`` selectable entries are padded; ``valid`` tells which are real.
+
+    Returns:
+        ``(values, indices, valid)`` with ``min(k, size)`` entries along ``dim``.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValidationError(f"k: expected an int >= 0, found {k!r}")
+    x = scores.movedim(dim, -1)
+    m = torch.ones_like(x, dtype=torch.bool) if mask is None else mask.movedim(dim, -1)
+    k = min(k, x.shape[-1])
+    if k == 0 or x.numel() == 0:
+        empty = x[..., :k]
+        out = (empty, empty.long(), empty.bool())
+        return tuple(t.movedim(-1, dim) for t in out)  # type: ignore[return-value]
+    neg_inf = torch.full_like(x, float("-inf"))
+    key = torch.where(m, x, neg_inf)
+    kth = torch.topk(key, k, dim=-1).values[..., -1:]
+    above = (key > kth) & m
+    tied = (key == kth) & m
+    need = k - above.sum(dim=-1, keepdim=True)
+    if bool((tied.sum(dim=-1, keepdim=True) <= need).all()):
+        selected = above | tied  # no tie straddles the cut (the usual case): no scan
+    else:
+        selected = above | (tied & (torch.cumsum(tied, dim=-1) <= need))
+    # the k selected positions (a 0/1 top-k: selected entries at -inf are still found first)
+    index = torch.topk(selected.to(x.dtype if x.is_floating_point() else torch.float32), k,
+                       dim=-1).indices  # fmt: skip
+    index = index.sort(dim=-1).values
+    by_value = torch.argsort(key.gather(-1, index), dim=-1, descending=True, stable=True)
+    index = index.gather(-1, by_value)
+    valid = selected.gather(-1, index)
+    values = x.gather(-1, index)
+    return values.movedim(-1, dim), index.movedim(-1, dim), valid.movedim(-1, dim)
