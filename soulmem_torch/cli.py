@@ -1032,27 +1032,26 @@ def cmd_export(args: argparse.Namespace) -> int:
         text = json.dumps(graph, ensure_ascii=False, indent=2) + "\n"
     else:
         text = dump_notes_json(notes)
-    data = text.encode("utf-8")
+    _write_output(args, text.encode("utf-8"), f"exported {len(notes)} notes ({args.format} format)")
+    return EXIT_OK
+
+
+def _write_output(args: argparse.Namespace, data: bytes, what: str) -> None:
+    """Writes ``data`` to stdout (``args.file == "-"``) or atomically to ``args.file``."""
     if args.file == "-":
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
     else:
         _atomic_write(args.file, data)
-        _info(args, f"exported {len(notes)} notes ({args.format} format) to {args.file}")
-    return EXIT_OK
+        _info(args, f"{what} to {args.file}")
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
     """Writes the JSON Schema of one note (the Rust serde shape)."""
     from soulmem_torch.model import memory_note_json_schema
 
-    data = (json.dumps(memory_note_json_schema(), ensure_ascii=False, indent=2) + "\n").encode()
-    if args.file == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-    else:
-        _atomic_write(args.file, data)
-        _info(args, f"wrote the MemoryNote JSON Schema to {args.file}")
+    text = json.dumps(memory_note_json_schema(), ensure_ascii=False, indent=2) + "\n"
+    _write_output(args, text.encode("utf-8"), "wrote the MemoryNote JSON Schema")
     return EXIT_OK
 
 

@@ -35,9 +35,8 @@ from soulmem_torch.forget.decay import (
     DEFAULT_ACTIVE_FACTOR,
     DEFAULT_BASE_HALF_LIFE_HOURS,
     DEFAULT_MAX_ACTIVATION_CAP,
-    compute_missing_degree,
 )
-from soulmem_torch.forget.lazy import _as_note, _check_md, _check_timeout, call_llm
+from soulmem_torch.forget.lazy import _as_note, _check_timeout, _resolve_md, call_llm
 from soulmem_torch.model import ConceptType, SemMemory
 from soulmem_torch.model.serde import to_float32
 
@@ -213,17 +212,9 @@ async def align_sem_fields(
     if not isinstance(sem, SemMemory):
         return None
     timeout = _check_timeout(timeout)
-    if missing_degree is None:
-        md = compute_missing_degree(
-            note.create_time,
-            note.retrieval_count,
-            now,
-            base_half_life_hours,
-            active_factor,
-            max_activation_cap,
-        )
-    else:
-        md = _check_md(missing_degree)
+    md = _resolve_md(
+        note, now, missing_degree, base_half_life_hours, active_factor, max_activation_cap
+    )
     before = (list(sem.aliases), sem.description, sem.concept_type)
     system, user = build_align_prompt(sem.content, *before, system_prompt)
     reply_text = await call_llm(llm, system, user, timeout=timeout, require_text=False)

@@ -253,6 +253,27 @@ def _check_md(missing_degree: Any) -> float:
     return float(missing_degree)
 
 
+def _resolve_md(
+    note: Any,
+    now: datetime | int | None,
+    missing_degree: Any,
+    base_half_life_hours: float,
+    active_factor: float,
+    max_activation_cap: int,
+) -> float:
+    """The given ``missing_degree`` (validated), else the note's own from the forgetting curve."""
+    if missing_degree is not None:
+        return _check_md(missing_degree)
+    return compute_missing_degree(
+        note.create_time,
+        note.retrieval_count,
+        now,
+        base_half_life_hours,
+        active_factor,
+        max_activation_cap,
+    )
+
+
 async def lazy_forget(
     note: Any,
     now: datetime | int | None = None,
@@ -291,17 +312,9 @@ async def lazy_forget(
     """
     note = _as_note(note)
     timeout = _check_timeout(timeout)
-    if missing_degree is None:
-        md = compute_missing_degree(
-            note.create_time,
-            note.retrieval_count,
-            now,
-            base_half_life_hours,
-            active_factor,
-            max_activation_cap,
-        )
-    else:
-        md = _check_md(missing_degree)
+    md = _resolve_md(
+        note, now, missing_degree, base_half_life_hours, active_factor, max_activation_cap
+    )
     old = get_summary(note)
     if old is None or to_float32(md) < to_float32(MASK_THRESHOLD):
         return NoAction(old, md)
