@@ -1,0 +1,229 @@
+"""Shared helpers: devices, configs, notes files, opening memories, labelling notes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from soulmem_torch.cli._errors import CLIError
+from soulmem_torch.cli._output import _clip, _emit, _show_progress
+
+
+def _resolve_device(name: str | None) -> str | None:
+    if name is None or name == "cpu":
+        return name
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        raise CLIError(
+            f"--device {name}: CUDA is not available on this machine "
+            "(torch.cuda.is_available() is False); use --device cpu or --device auto"
+        )
+    index = int(name.split(":")[1]) if ":" in name else 0
+    if index >= torch.cuda.device_count():
+        raise CLIError(
+            f"--device {name}: there are only {torch.cuda.device_count()} CUDA device(s)"
+        )
+    return name
+
+
+def _read_text(path: str | Path, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CLIError(f"{what} {path}: no such file") from None
+    except IsADirectoryError:
+        raise CLIError(f"{what} {path}: is a directory, expected a file") from None
+    except UnicodeDecodeError as exc:
+        raise CLIError(f"{what} {path}: not UTF-8 text ({exc})") from None
+    except OSError as exc:
+        raise CLIError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _load_pipeline_config(path: str | None) -> Any:
+    """A ``DefaultPipelineConfig`` from a JSON file (``None`` → ``None``: the defaults)."""
+    if path is None:
+        return None
+    text = _read_text(path, "--config")
+    import pydantic
+
+    from soulmem_torch.model._describe import describe_validation_error
+    from soulmem_torch.retrieve import DefaultPipelineConfig
+
+    try:
+        return DefaultPipelineConfig.model_validate_json(text)
+    except pydantic.ValidationError as exc:
+        raise CLIError(
+            f"--config {path}: not a valid DefaultPipelineConfig: {describe_validation_error(exc)}"
+        ) from None
+
+
+def _detect_format(text: str, source: str) -> str:
+    """``"graph"`` (readable string ids, no ``create_time``) or ``"serde"`` (Rust notes)."""
+    stripped = text.lstrip()
+    if not stripped:
+        raise CLIError(f"{source}: the file is empty")
+    if not stripped.startswith("["):
+        return "serde"  # JSON Lines (or a single note object)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CLIError(f"{source}: not valid JSON ({exc})") from None
+    items = [item for item in data if isinstance(item, dict)] if isinstance(data, list) else []
+    if not items:
+        raise CLIError(f"{source}: expected a JSON array of notes, found no objects in it")
+    if any("create_time" in item for item in items):
+        return "serde"
+    return "graph"
+
+
+def _read_notes_file(path: str | Path, fmt: str = "auto") -> tuple[list[Any], dict[Any, str], str]:
+    """``(notes, readable_ids, format)`` from a serde JSON / JSON Lines or an evaluation graph."""
+    from soulmem_torch.model.serde_io import parse_notes_text
+    from soulmem_torch.model.soul_tune import parse_soul_tune_graph
+
+    source = str(path)
+    text = _read_text(path, "notes file")
+    if fmt == "auto":
+        fmt = _detect_format(text, source)
+    if fmt == "graph":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CLIError(f"{source}: not valid JSON ({exc})") from None
+        graph = parse_soul_tune_graph(data, source=source)
+        return graph.notes, graph.readable_ids, fmt
+    notes = parse_notes_text(text, source=source)
+    return notes, {}, fmt
+
+
+def _embed_with_progress(notes: Sequence[Any], embedder: Any, *, progress: bool) -> list[Any]:
+    """``embed_notes`` in chunks, with a tqdm bar on long inputs."""
+    from tqdm.auto import tqdm
+
+    from soulmem_torch.embedding import embed_notes
+
+    chunk = 256
+    out: list[Any] = []
+    with tqdm(
+        total=len(notes), desc="embed", unit="note", disable=not progress, leave=False
+    ) as bar:
+        for start in range(0, len(notes), chunk):
+            part = notes[start : start + chunk]
+            out.extend(embed_notes(part, embedder))
+            bar.update(len(part))
+    return out
+
+
+def _new_memory(**kwargs: Any) -> Any:
+    from soulmem_torch.api import SoulMem
+
+    return SoulMem(**kwargs)
+
+
+def _open_memory(path: str, args: argparse.Namespace, **kwargs: Any) -> Any:
+    """A ``SoulMem`` from a store directory, or from a notes / graph file (embedded now)."""
+    p = Path(path)
+    if not p.exists():
+        raise CLIError(f"store {path}: no such directory")
+    from soulmem_torch.api import SoulMem
+
+    if p.is_file():
+        notes, readable, _ = _read_notes_file(p)
+        mem = SoulMem(**kwargs)
+        embeddings = _embed_with_progress(notes, mem.embedder, progress=_show_progress(args))
+        mem.working_memory.add_nodes(notes, embeddings)
+        mem.readable_ids.update(readable)
+        return mem
+    return SoulMem.load(p, **kwargs)
+
+
+def _kind(note: Any) -> str:
+    from soulmem_torch.model import AbstractSituation, ProcMemory, SemMemory, SpecificSituation
+
+    mt = note.mem_type
+    if isinstance(mt, SemMemory):
+        return "concept"
+    if isinstance(mt, SpecificSituation):
+        return "episode"
+    if isinstance(mt, AbstractSituation):
+        return "abstract"
+    if isinstance(mt, ProcMemory):
+        return "action"
+    return type(mt).__name__  # pragma: no cover - the union is closed
+
+
+def _label(note: Any, width: int = 200) -> str:
+    from soulmem_torch.api import note_label
+    from soulmem_torch.model import SemMemory
+
+    mt = note.mem_type
+    if isinstance(mt, SemMemory) and mt.description:
+        return _clip(f"{mt.content} — {mt.description}", width)
+    return _clip(note_label(note, width=10_000), width)
+
+
+def _short_id(mem: Any, mid: Any) -> str:
+    """The readable id when known, else the first 8 hex digits of the UUID."""
+    rid = mem.readable_ids.get(mid)
+    return rid if rid is not None else str(mid)[:8]
+
+
+def _scored_rows(mem: Any, scored: Sequence[tuple[Any, float]], width: int) -> list[list[str]]:
+    rows = []
+    for rank, (mid, score) in enumerate(scored, start=1):
+        entry = mem.cluster.get(mid)
+        kind = _kind(entry.note) if entry is not None else "?"
+        label = _label(entry.note, width) if entry is not None else ""
+        rows.append([str(rank), _short_id(mem, mid), kind, f"{float(score):.3f}", label])
+    return rows
+
+
+def _scored_json(mem: Any, scored: Sequence[tuple[Any, float]]) -> list[dict[str, Any]]:
+    out = []
+    for rank, (mid, score) in enumerate(scored, start=1):
+        entry = mem.cluster.get(mid)
+        out.append(
+            {
+                "rank": rank,
+                "id": str(mid),
+                "readable_id": mem.readable_ids.get(mid),
+                "kind": _kind(entry.note) if entry is not None else None,
+                "label": _label(entry.note, 10_000) if entry is not None else None,
+                "score": float(score),
+            }
+        )
+    return out
+
+
+def _describe_query(query: Any, width: int = 80) -> str:
+    """A one-line summary of a structured query: ``Semantic: 林小满 / the café owner``."""
+    parts = []
+    for unit in query.units:
+        values = []
+        for value in unit.model_dump(mode="json").values():
+            if isinstance(value, list):
+                for v in value:
+                    values.extend(str(x) for x in (v.values() if isinstance(v, dict) else [v]) if x)
+            elif isinstance(value, dict):
+                values.extend(str(x) for x in value.values() if x)
+            elif value not in (None, ""):
+                values.append(str(value))
+        parts.append(" / ".join(values))
+    return _clip(f"{query.kind}: " + "; ".join(parts), width)
+
+
+def _print_window(result: Any, indent: str = "  ") -> None:
+    """The short-term window (messages, oldest first) and its summary."""
+    if not result.short_history and not result.short_mem:
+        return
+    _emit(f"{indent}short-term window ({len(result.short_history)} messages):")
+    for msg in result.short_history:
+        _emit(f"{indent}  [{msg.role}] {_clip(msg.text, 90)}")
+    summary = result.short_mem or "(none yet)"
+    _emit(f"{indent}  summary of earlier messages: {_clip(summary, 90)}")

@@ -1,0 +1,58 @@
+"""``soulmem export``: a store's notes as serde JSON Lines or an evaluation graph."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from soulmem_torch.cli._args import common_parent
+from soulmem_torch.cli._errors import EXIT_OK, CLIError
+from soulmem_torch.cli._memory import _read_notes_file
+from soulmem_torch.cli._output import _write_output
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Writes a store's notes as serde JSON Lines or as an evaluation graph."""
+    from soulmem_torch.model.serde_io import dump_notes_json
+    from soulmem_torch.model.soul_tune import dump_soul_tune_graph
+    from soulmem_torch.store import MemoryStore
+
+    p = Path(args.store)
+    if p.is_file():
+        notes, readable, _ = _read_notes_file(p)
+    elif not p.exists():
+        raise CLIError(f"store {args.store}: no such directory")
+    else:
+        contents = MemoryStore(p).load()
+        notes, readable = contents.notes, contents.readable_ids
+    if args.format == "graph":
+        graph = dump_soul_tune_graph(notes, readable)
+        text = json.dumps(graph, ensure_ascii=False, indent=2) + "\n"
+    else:
+        text = dump_notes_json(notes)
+    _write_output(args, text.encode("utf-8"), f"exported {len(notes)} notes ({args.format} format)")
+    return EXIT_OK
+
+
+def add_parser(sub: Any) -> None:
+    """Registers ``soulmem export``."""
+    common = common_parent()
+    p = sub.add_parser(
+        "export",
+        parents=[common],
+        help="write a store's notes as serde JSON Lines or an evaluation graph",
+        description="serde: one note per line exactly as the Rust original writes it "
+        "(byte-identical round trip); graph: the evaluation-graph format with readable ids "
+        "(times and link ids are not part of that format). FILE '-' writes to stdout.",
+    )
+    p.add_argument("store", metavar="STORE", help="store directory (or a notes/graph file)")
+    p.add_argument("file", metavar="FILE", help="output file, or - for stdout")
+    p.add_argument(
+        "--format",
+        choices=["serde", "graph"],
+        default="serde",
+        help="output format (default serde)",
+    )
+    p.set_defaults(func=cmd_export)
