@@ -37,8 +37,8 @@ original's order):
   (location, then participant, environment, event).
 * Semantic vs a unit: ``concept = max(cos(id, content), cos(id, aliases))`` if the unit has an
   identifier else 0; with a description ``0.5·concept + 0.5·cos(desc, description)``.
-* Variant: Semantic query → mean over units (none → 0); Situation query → sum over units
-  (``BlendWeights.situation_units = "mean"`` averages instead); a kind mismatch and any
+* Variant: Semantic query → mean over units (none → 0); Situation query → mean over units
+  too (``BlendWeights.situation_units = "sum"`` adds them, as older originals); a kind mismatch and any
   Procedure → 0.
 * Embedding score: note or query tag all zeros → variant; else ``0.3·cos(tags) + 0.7·variant``.
   A Procedure note with tags thus still gets ``0.3·cos(tags)`` (as in the original).
@@ -81,9 +81,10 @@ __all__ = [
 class BlendWeights(BaseModel):
     """Every weight of the similarity score (the original's ``BlendWeights``), SPEC defaults.
 
-    ``situation_units`` is an addition: ``"sum"`` (SPEC, the default) adds the unit scores of a
-    Situation query; ``"mean"`` averages them like a Semantic query (later versions of the
-    original normalize that way).
+    ``situation_units``: ``"mean"`` (the default, SPEC §4: the newest original averages a
+    Situation query's unit scores like a Semantic query's, so three identical units scoring 1.0
+    give 1.0 and scores stay in [0, 1]); ``"sum"`` adds them (older versions of the original;
+    ``DefaultPipelineConfig.original()`` selects it through ``SimilarityConfig``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -114,7 +115,7 @@ class BlendWeights(BaseModel):
         description="Action weight when the query event has only a target (target: 1 − it).",
     )  # fmt: skip
     situation_units: Literal["sum", "mean"] = Field(
-        "sum", description="How a Situation query's unit scores combine."
+        "mean", description="How a Situation query's unit scores combine."
     )
 
 

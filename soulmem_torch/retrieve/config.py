@@ -83,6 +83,12 @@ class SimilarityConfig(BaseModel):
         default=0.35, allow_inf_nan=False, description="Floor on the fused score (not a rank cut)."
     )
     max_results: int = Field(default=4, ge=1, description="How many notes to keep (>= 1).")
+    situation_units: Literal["sum", "mean"] | None = Field(
+        default=None,
+        description="How a Situation query's unit scores combine: 'mean' (the newest original; "
+        "the default of BlendWeights) or 'sum' (older versions: several units can exceed 1); "
+        "None → the BlendWeights' own choice.",
+    )
 
     def into_request(
         self, working_memory: Any, query: Any, *, embedder: Any = None, device: Any = None
@@ -198,7 +204,17 @@ class AssociateWithActionConfig(BaseModel):
 
 
 class DefaultPipelineConfig(BaseModel):
-    """ShortOnly → Similarity → AssociateWithAction → merge (SPEC §7)."""
+    """ShortOnly → Similarity → AssociateWithAction → fusion (SPEC §7; the fusion is ours).
+
+    ``fusion`` says how the per-query memory list is built from the stages' scores:
+
+    * ``"max"`` — the original's merge: similarity seeds and PPR top-k, max per note, descending,
+      cut to ``merge_top_k``.
+    * ``"rank"`` — see :mod:`soulmem_torch.functional.fusion`.
+
+    :meth:`original` is the original's pipeline exactly (its merge, its summed situation units,
+    its sequential push): the parity configuration.
+    """
 
     model_config = _FROZEN
     short_mem_with_history: ShortOnlyConfig = Field(
@@ -209,6 +225,20 @@ class DefaultPipelineConfig(BaseModel):
         default_factory=AssociateWithActionConfig
     )
     merge_top_k: int = Field(default=10, ge=1, description="Length of the merged list.")
+    fusion: Literal["rank", "max"] = Field(
+        default="max", description="How the stages' scores become one list (see the class)."
+    )
+
+    @classmethod
+    def original(cls) -> DefaultPipelineConfig:
+        """The original's pipeline exactly: max merge, summed situation units, sequential push."""
+        return cls(
+            similarity=SimilarityConfig(situation_units="sum"),
+            assoc_with_action=AssociateWithActionConfig(
+                association=AssociationConfig(method=PprMethod.SEQUENTIAL)
+            ),
+            fusion="max",
+        )
 
     def into_request(
         self,

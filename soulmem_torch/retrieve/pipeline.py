@@ -15,7 +15,11 @@ from soulmem_torch.retrieve._request import graph_of, run_grouped
 from soulmem_torch.retrieve.assoc_with_action import associate_with_action
 from soulmem_torch.retrieve.config import DefaultPipelineConfig
 from soulmem_torch.retrieve.short_only import RetrShortOnly
-from soulmem_torch.retrieve.similarity import similarity_scores, threshold_mask
+from soulmem_torch.retrieve.similarity import (
+    effective_weights,
+    similarity_scores,
+    threshold_mask,
+)
 
 __all__ = ["DefaultPipelineRequest", "DefaultPipelineResult", "RetrDefaultPipeline"]
 
@@ -86,7 +90,7 @@ class RetrDefaultPipeline:
             first.working_memory,
             [r.query for r, _ in group],
             embedder=first.embedder,
-            weights=first.weights,
+            weights=effective_weights(first.weights, config.similarity),
         )  # (B, N) float32
         keep = threshold_mask(sim, config.similarity.similarity_threshold)
         scores_t, keep_t = sim.T.contiguous(), keep.T.contiguous()

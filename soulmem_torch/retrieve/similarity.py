@@ -16,7 +16,13 @@ from soulmem_torch.retrieve._engine import topk_lists
 from soulmem_torch.retrieve._request import graph_of, run_grouped
 from soulmem_torch.retrieve.config import SimilarityConfig
 
-__all__ = ["RetrSimilarity", "SimilarityRequest", "similarity_scores", "threshold_mask"]
+__all__ = [
+    "RetrSimilarity",
+    "SimilarityRequest",
+    "effective_weights",
+    "similarity_scores",
+    "threshold_mask",
+]
 
 
 @dataclass
@@ -154,6 +160,18 @@ def _plain_scores(graph: Any, queries: Sequence[Any], embedder: Any) -> Tensor:
     return scores if mask is None else scores * mask.to(scores.dtype)
 
 
+def effective_weights(
+    weights: BlendWeights | None, config: SimilarityConfig
+) -> BlendWeights | None:
+    """``weights`` with the config's ``situation_units`` when it sets one (else unchanged)."""
+    if config.situation_units is None:
+        return weights
+    base = weights if weights is not None else BlendWeights()
+    if base.situation_units == config.situation_units:
+        return base
+    return base.model_copy(update={"situation_units": config.situation_units})
+
+
 def threshold_mask(scores: Tensor, threshold: float) -> Tensor:
     """Finite scores at or above the floor (the SPEC's filter)."""
     return torch.isfinite(scores) & (scores >= threshold)
@@ -186,7 +204,7 @@ class RetrSimilarity:
                 first.working_memory,
                 [r.query for r, _ in group],
                 embedder=first.embedder,
-                weights=first.weights,
+                weights=effective_weights(first.weights, first.config),
             )
             keep = threshold_mask(scores, first.config.similarity_threshold)
             return topk_lists(graph, scores.T, keep.T, first.config.max_results, as_float32=True)

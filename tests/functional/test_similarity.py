@@ -104,7 +104,7 @@ def test_blend_weights_defaults_and_bounds() -> None:
     w = BlendWeights()
     assert (w.tag, w.variant, w.string_blend_alpha) == (0.3, 0.7, 0.6)
     assert (w.sit_event_initiator, w.sit_event_target, w.sit_event_action) == (0.3, 0.3, 0.4)
-    assert w.sit_event_initiator_only_action == 0.6 and w.situation_units == "sum"
+    assert w.sit_event_initiator_only_action == 0.6 and w.situation_units == "mean"
     with pytest.raises(ValueError):
         BlendWeights(tag=1.5)
     with pytest.raises(ValueError):
@@ -256,9 +256,9 @@ def test_semantic_rules(device: torch.device) -> None:
 
 def test_situation_units_sum_or_mean(device: torch.device) -> None:
     three = [{"location_name": unit()}] * 3
-    assert _score((NODE_ABSTRACT, LOC), three, device) == pytest.approx(3.0, abs=1e-6)
-    mean = BlendWeights(situation_units="mean")
-    assert _score((NODE_ABSTRACT, LOC), three, device, weights=mean) == pytest.approx(1.0)
+    assert _score((NODE_ABSTRACT, LOC), three, device) == pytest.approx(1.0)  # mean: the default
+    total = BlendWeights(situation_units="sum")
+    assert _score((NODE_ABSTRACT, LOC), three, device, weights=total) == pytest.approx(3.0, abs=1e-6)
 
 
 def test_tag_blend_and_kind_mismatch(device: torch.device) -> None:
@@ -335,7 +335,7 @@ def test_shape_errors_name_the_argument() -> None:
 # -------------------------------------------------------------------------------------------
 # batched kernel vs a slow scalar transcription of SPEC §4
 # -------------------------------------------------------------------------------------------
-W = BlendWeights()
+W = BlendWeights(situation_units="sum")  # the reference transcribes the older, summing rule
 
 
 def _mean(vectors: list[np.ndarray]) -> np.ndarray:
@@ -560,7 +560,7 @@ def test_fused_matches_scalar_reference(seed: int, device: torch.device) -> None
     got = fused_similarity(
         batch.tag, batch.kind, batch.field, batch.field_mask, batch.unit_mask,
         tag.to(device), tag_mask.to(device), field_emb.to(device), field_mask.to(device),
-        node_type.to(device), string_scores=strings,
+        node_type.to(device), string_scores=strings, weights=W,
     )  # fmt: skip
     assert got.shape == (len(queries), len(notes)) and got.dtype == torch.float32
     ref = _Ref(embedder)
