@@ -3,7 +3,8 @@
 The snapshot is what every kernel reads (SPEC §5–6): edges in CSR order by source, their link
 kind, intensity, confidence and probability, node types with masks, and the field embeddings
 with presence masks. Build it from a cluster (:meth:`MemoryGraph.from_cluster`, or
-``cluster.graph()``, which caches it per version and device) or straight from tensors
+:meth:`MemoryGraph.of` / ``working_memory.graph()``, which cache it per cluster version and
+device) or straight from tensors
 (:meth:`MemoryGraph.from_tensors`) for synthetic graphs with millions of edges.
 
 Tensors (``N`` nodes, ``E`` edges, ``F = len(FIELD_NAMES)`` fields, ``D`` embedding width):
@@ -277,7 +278,7 @@ class _GraphMeta:
 class MemoryGraph(Data):
     """Tensor snapshot of a memory cluster; a ``torch_geometric.data.Data`` (see module doc).
 
-    Build with :meth:`from_cluster` / ``cluster.graph()`` or :meth:`from_tensors`; the bare
+    Build with :meth:`from_cluster` / :meth:`of` or :meth:`from_tensors`; the bare
     constructor only exists for PyG's internals.
     """
 
@@ -420,8 +421,27 @@ class MemoryGraph(Data):
 
     # -- builders -------------------------------------------------------------------------
     @classmethod
+    def of(cls, cluster: MemoryCluster, device: torch.device | str | None = None) -> MemoryGraph:
+        """The cached snapshot of ``cluster``'s current version on ``device``.
+
+        Built once per cluster version on the CPU (:meth:`from_cluster`), then copied once per
+        device; repeated calls return the same object until the cluster changes (the cache is
+        :meth:`MemoryCluster.derived <soulmem_torch.runtime.cluster.MemoryCluster.derived>`).
+
+        Args:
+            cluster: the memory cluster.
+            device: ``None`` -> CPU; ``"auto"`` -> CUDA if available; or any torch device.
+        """
+        dev = _resolve_device(device)
+        cpu = torch.device("cpu")
+        base = cluster.derived(("graph", cpu), lambda: cls.from_cluster(cluster))
+        if dev == cpu:
+            return base
+        return cluster.derived(("graph", dev), lambda: base.to(dev))
+
+    @classmethod
     def from_cluster(cls, cluster: MemoryCluster) -> MemoryGraph:
-        """Snapshot of a cluster (on the CPU). Prefer ``cluster.graph()``, which caches it.
+        """Snapshot of a cluster (on the CPU). Prefer :meth:`of`, which caches it.
 
         Node ``i`` is ``cluster.ids()[i]``; edges are ``cluster.links()`` stably sorted by
         source index.

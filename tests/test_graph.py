@@ -61,7 +61,7 @@ def small_cluster() -> tuple[MemoryCluster, dict[str, MemoryId]]:
 
 def test_snapshot_attributes(small_cluster):
     cluster, ids = small_cluster
-    g = cluster.graph()
+    g = MemoryGraph.of(cluster)
     assert isinstance(g, Data) and isinstance(g, MemoryGraph)
     assert g.num_nodes == 4 and g.num_edges == 5
     assert g.ids == cluster.ids() == [ids["p"], ids["x"], ids["s"], ids["a"]]
@@ -95,7 +95,7 @@ def test_snapshot_attributes(small_cluster):
 
 def test_snapshot_embeddings(small_cluster):
     cluster, ids = small_cluster
-    g = cluster.graph()
+    g = MemoryGraph.of(cluster)
     f = len(FIELD_NAMES)
     assert g.tag_emb.shape == (4, 4) and g.tag_emb.dtype == torch.float32
     assert g.tag_mask.tolist() == [True, False, True, False]
@@ -113,7 +113,7 @@ def test_snapshot_embeddings(small_cluster):
 def test_no_embedding_gives_none():
     cluster = MemoryCluster()
     cluster.add_note(sem())
-    g = cluster.graph()
+    g = MemoryGraph.of(cluster)
     assert g.tag_emb is None and g.tag_mask is None
     assert g.field_emb is None and g.field_mask is None
     assert "tag_emb" not in g.keys()
@@ -130,21 +130,21 @@ def test_stacker_matches_contract():
 
 def test_rebuilt_only_when_cluster_changed(small_cluster):
     cluster, ids = small_cluster
-    g = cluster.graph()
-    assert cluster.graph() is g
+    g = MemoryGraph.of(cluster)
+    assert MemoryGraph.of(cluster) is g
     g.cache["ppr"] = "operator"
     note = cluster[ids["s"]].note
     note.retrieval_increment()
-    assert cluster.graph() is g  # not declared yet
+    assert MemoryGraph.of(cluster) is g  # not declared yet
     cluster.mark_changed(ids["s"])
-    g2 = cluster.graph()
+    g2 = MemoryGraph.of(cluster)
     assert g2 is not g and g2.cache == {}
     assert g2.retrieval_count[g2.index_of[ids["s"]]].item() == 1
 
 
 def test_to_device_copies_and_keeps_bookkeeping(small_cluster, device):
     cluster, _ = small_cluster
-    g = cluster.graph()
+    g = MemoryGraph.of(cluster)
     g.cache["k"] = 1
     moved = g.to(device)
     assert moved.device.type == device.type
@@ -157,7 +157,7 @@ def test_to_device_copies_and_keeps_bookkeeping(small_cluster, device):
         assert moved is g
     else:
         assert moved is not g and moved.cache == {} and g.cache == {"k": 1}
-        assert cluster.graph(device) is cluster.graph(device)
+        assert MemoryGraph.of(cluster, device) is MemoryGraph.of(cluster, device)
         back = moved.cpu()
         assert torch.equal(back.edge_index, g.edge_index)
     idx, mask = moved.indices([g.ids[2], MemoryId(), g.ids[0]], return_mask=True)
@@ -167,7 +167,7 @@ def test_to_device_copies_and_keeps_bookkeeping(small_cluster, device):
 
 def test_indices_and_to_ids(small_cluster):
     cluster, ids = small_cluster
-    g = cluster.graph()
+    g = MemoryGraph.of(cluster)
     assert g.indices([ids["a"], ids["p"]]).tolist() == [3, 0]
     assert g.indices([]).tolist() == []
     with pytest.raises(NotFoundError, match="not a node of this graph"):
@@ -177,7 +177,7 @@ def test_indices_and_to_ids(small_cluster):
 
 def test_copy_pickle_and_deepcopy_drop_the_cache(small_cluster):
     cluster, _ = small_cluster
-    g = cluster.graph()
+    g = MemoryGraph.of(cluster)
     g.cache["x"] = torch.ones(2)
     for other in (copy.copy(g), copy.deepcopy(g), pickle.loads(pickle.dumps(g))):
         assert isinstance(other, MemoryGraph)
@@ -193,7 +193,7 @@ def test_copy_pickle_and_deepcopy_drop_the_cache(small_cluster):
 
 
 def test_empty_cluster_graph():
-    g = MemoryCluster().graph()
+    g = MemoryGraph.of(MemoryCluster())
     assert g.num_nodes == 0 and g.edge_index.shape == (2, 0) and g.rowptr.tolist() == [0]
     assert g.ids == []
 
@@ -339,7 +339,7 @@ def test_congyu_cluster_snapshot():
     loaded = load_soul_tune_graph(fixture_path("soul_tune", "congyu", "graph.json"))
     cluster = MemoryCluster()
     cluster.add_notes(loaded.notes)
-    g = cluster.graph()
+    g = MemoryGraph.of(cluster)
     assert g.num_nodes == 34 and g.num_edges == len(cluster.links()) + 0
     assert g.num_edges + len(cluster.pending_links()) == loaded.num_links == 61
     assert bool((g.edge_index[0][1:] >= g.edge_index[0][:-1]).all())

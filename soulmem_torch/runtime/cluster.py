@@ -23,8 +23,9 @@ Semantics (the original's ``MemoryCluster``, read from ``soul-mem-runtime``):
 
 Node index = the order notes were added; after a removal indices are compacted, keeping order.
 Within one source, edges keep their materialization order (the sequential PPR oracle visits them
-newest first by reversing it). ``version`` increases on every change; :meth:`MemoryCluster.graph`
-caches the tensor snapshot per version and device.
+newest first by reversing it). ``version`` increases on every change; :meth:`MemoryCluster.derived`
+caches data computed from one version (the tensor snapshot,
+:meth:`soulmem_torch.graph.MemoryGraph.of`, per device). This module never imports the snapshot.
 
 Example:
     >>> from soulmem_torch.model import MemoryLink, MemoryNote, SemMemLink, SemMemory
@@ -47,9 +48,9 @@ Example:
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -59,8 +60,7 @@ from soulmem_torch.model.ids import LinkId, MemoryId
 from soulmem_torch.model.links import MemoryLink
 from soulmem_torch.model.notes import MemoryNote
 
-if TYPE_CHECKING:
-    from soulmem_torch.graph import MemoryGraph
+_T = TypeVar("_T")
 
 __all__ = ["GraphMemoryLink", "MemoryCluster"]
 
@@ -143,7 +143,7 @@ class MemoryCluster:
             the first embedded note (and forgotten again when no embedded note is left).
 
     All methods are guarded by one re-entrant lock, so a cluster can be shared with worker
-    threads; snapshots (:meth:`graph`) are immutable views.
+    threads; snapshots (``MemoryGraph.of(cluster)``) are immutable views.
     """
 
     def __init__(self, *, embedding_dim: int | None = None) -> None:
@@ -163,8 +163,8 @@ class MemoryCluster:
         # target id -> [(source id, link)], in parking order
         self._pending: dict[MemoryId, list[tuple[MemoryId, MemoryLink]]] = {}
         self._version = 0
-        self._graphs: dict[torch.device, MemoryGraph] = {}
-        self._graphs_version = -1
+        self._derived: dict[Hashable, Any] = {}
+        self._derived_version = -1
         self._lock = threading.RLock()
 
     # -- read access ----------------------------------------------------------------------
@@ -458,7 +458,7 @@ class MemoryCluster:
 
         Re-syncs the graph with the note's ``mem_links`` (new link ids are merged; changed
         intensity or type is taken over in place; a changed target re-routes the link; links no
-        longer listed are removed) and bumps :attr:`version` so the next :meth:`graph` rebuilds.
+        longer listed are removed) and bumps :attr:`version` so the next snapshot rebuilds.
         This is the original's ``refresh_node``, which also picks up changed intensities.
 
         Raises:
@@ -495,35 +495,27 @@ class MemoryCluster:
                     self._merge_link(id, link)
             self._touch()
 
-    # -- snapshot -------------------------------------------------------------------------
-    def graph(self, device: torch.device | str | None = None) -> MemoryGraph:
-        """The tensor snapshot (:class:`~soulmem_torch.graph.MemoryGraph`) of this version.
+    # -- derived data -------------------------------------------------------------------
+    def derived(self, key: Hashable, build: Callable[[], _T]) -> _T:
+        """A value computed from this version of the cluster, cached until the cluster changes.
 
-        Built once per :attr:`version` on the CPU, then copied once per device; repeated calls
-        return the same object until the cluster changes.
+        ``build()`` runs (under the cluster's lock) the first time ``key`` is asked for at the
+        current :attr:`version`; later calls return the same object. Every change drops the
+        whole cache. This is how the tensor snapshot is cached
+        (:meth:`soulmem_torch.graph.MemoryGraph.of`, keyed by device) without the cluster
+        knowing about graphs: the snapshot depends on the cluster, not the other way round.
 
         Args:
-            device: ``None`` -> CPU; ``"auto"`` -> CUDA if available; or any torch device.
+            key: any hashable key, e.g. ``("graph", torch.device("cpu"))``.
+            build: a function of no arguments that computes the value.
         """
-        from soulmem_torch.graph import MemoryGraph, _resolve_device
-
-        dev = _resolve_device(device)
         with self._lock:
-            if self._graphs_version != self._version:
-                self._graphs = {}
-                self._graphs_version = self._version
-            cpu = torch.device("cpu")
-            base = self._graphs.get(cpu)
-            if base is None:
-                base = MemoryGraph.from_cluster(self)
-                self._graphs[cpu] = base
-            if dev == cpu:
-                return base
-            moved = self._graphs.get(dev)
-            if moved is None:
-                moved = base.to(dev)
-                self._graphs[dev] = moved
-            return moved
+            if self._derived_version != self._version:
+                self._derived = {}
+                self._derived_version = self._version
+            if key not in self._derived:
+                self._derived[key] = build()
+            return self._derived[key]
 
     # -- internals ------------------------------------------------------------------------
     def _touch(self) -> None:

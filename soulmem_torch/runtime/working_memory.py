@@ -133,8 +133,13 @@ class WorkingMemory:
         return self.cluster.remove_note(id)
 
     def graph(self, device: torch.device | str | None = None) -> MemoryGraph:
-        """The cluster's tensor snapshot (cached per cluster version and device)."""
-        return self.cluster.graph(device)
+        """The cluster's tensor snapshot (cached per cluster version and device).
+
+        See :meth:`soulmem_torch.graph.MemoryGraph.of`.
+        """
+        from soulmem_torch.graph import MemoryGraph
+
+        return MemoryGraph.of(self.cluster, device)
 
     # -- records --------------------------------------------------------------------------
     def record_retrieval(

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from soulmem_torch.embedding.fields import EmbeddedMemoryNote, MemoryEmbedding
 from soulmem_torch.errors import NotFoundError, ValidationError
+from soulmem_torch.graph import MemoryGraph
 from soulmem_torch.model import LinkId, MemoryId
 from soulmem_torch.runtime import GraphMemoryLink, MemoryCluster
 from tests.runtime.helpers import embedding, sem, sem_link
@@ -476,8 +477,8 @@ def test_version_bumps_on_every_change_and_graph_is_cached():
     versions = [cluster.version]
     cluster.add_note(a)
     versions.append(cluster.version)
-    g1 = cluster.graph()
-    assert cluster.graph() is g1 and g1.version == cluster.version
+    g1 = MemoryGraph.of(cluster)
+    assert MemoryGraph.of(cluster) is g1 and g1.version == cluster.version
     a.mem_links.append(sem_link(a.id, b.id))
     cluster.mark_changed(a.id)
     versions.append(cluster.version)
@@ -488,17 +489,17 @@ def test_version_bumps_on_every_change_and_graph_is_cached():
     cluster.remove_note(b.id)
     versions.append(cluster.version)
     assert versions == sorted(set(versions))
-    g2 = cluster.graph()
+    g2 = MemoryGraph.of(cluster)
     assert g2 is not g1 and g2.version == cluster.version
 
 
 def test_graph_cache_per_device(device):
     cluster = MemoryCluster()
     cluster.add_note(sem())
-    g = cluster.graph(device)
+    g = MemoryGraph.of(cluster, device)
     assert g.device.type == device.type
-    assert cluster.graph(device) is g
-    assert cluster.graph().device.type == "cpu"
+    assert MemoryGraph.of(cluster, device) is g
+    assert MemoryGraph.of(cluster).device.type == "cpu"
 
 
 # ---- property test: the invariants of the pending-link bookkeeping -------------------------------

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from soulmem_torch.errors import ValidationError
+from soulmem_torch.graph import MemoryGraph
 from soulmem_torch.model import MemoryId
 from soulmem_torch.runtime import (
     Feedback,
@@ -90,7 +91,7 @@ def test_graph_and_window_wiring(device):
     cluster = MemoryCluster()
     wm = WorkingMemory(cluster=cluster, window_capacity=2, llm=None)
     wm.add_node(sem())
-    assert wm.graph(device) is cluster.graph(device)
+    assert wm.graph(device) is MemoryGraph.of(cluster, device)
     assert wm.sliding_window.capacity == 2
 
     async def talk():
