@@ -43,6 +43,9 @@ _LAZY: dict[str, str] = {
     "FakeLLM": "soulmem_torch.forget",
     "forget_cluster": "soulmem_torch.forget",
     "lazy_forget": "soulmem_torch.forget",
+    "MemoryBank": "soulmem_torch.bank",
+    "BatchingRetriever": "soulmem_torch.bank",
+    "ShardedMemoryBank": "soulmem_torch.bank",
 }
 for _name in (
     "AssociateWithActionConfig",
@@ -67,6 +70,7 @@ for _name in (
 
 if TYPE_CHECKING:
     from soulmem_torch.api import SoulMem, text_queries
+    from soulmem_torch.bank import BatchingRetriever, MemoryBank, ShardedMemoryBank
     from soulmem_torch.embedding import (
         EmbeddedMemoryNote,
         HashingEmbedder,

@@ -1,0 +1,330 @@
+"""The default pipeline over a :class:`~soulmem_torch.bank._union.UnionSnapshot`, as stages.
+
+Every stage works on per-query candidate rows ``(B, M)`` (query ``b``'s agent's notes, padded
+to the largest agent of the batch): similarity → seeds (threshold + top-k) → association
+(PPR on the union operator) → situation weights → BayesAction → merge. Each stage mirrors the
+retrieve layer (``retrieve/pipeline.py``, ``assoc_with_action.py``, ``_engine.py``) on one
+agent's graph, so a new per-row channel drops in as one more ``(B, M)`` tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from soulmem_torch.bank._union import (
+    UnionSnapshot,
+    candidate_bayes,
+    candidates,
+    plain_similarity,
+    segment_power_ppr,
+    structured_similarity,
+)
+from soulmem_torch.errors import ConfigError, ValidationError
+from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SPECIFIC
+from soulmem_torch.functional.topk import stable_topk
+
+__all__ = ["run_pipeline", "supported_config"]
+
+_F64 = torch.float64
+
+# DefaultPipelineConfig fields (recursively) the bank implements; anything else is refused.
+_KNOWN_FIELDS = {
+    "short_mem_with_history": {"type", "clipping_length", "include_summary"},
+    "similarity": {"type", "similarity_threshold", "max_results"},
+    "assoc_with_action": {"type", "association", "action_top_k", "abstract_source_priority"},
+    "assoc_with_action.association": {
+        "type", "intensity_factor", "confidence_factor", "damping_factor", "residue_threshold",
+        "preference", "top_k", "method", "power_tol", "power_dtype", "power_local",
+    },
+    "": {"short_mem_with_history", "similarity", "assoc_with_action", "merge_top_k"},
+}  # fmt: skip
+
+
+def supported_config(config: Any) -> None:
+    """Raise ``ConfigError`` naming any ``DefaultPipelineConfig`` field the bank does not know
+    (a field it would silently ignore could change results)."""
+
+    def walk(obj: Any, prefix: str) -> None:
+        known = _KNOWN_FIELDS.get(prefix)
+        if known is None:
+            return
+        for name in type(obj).model_fields:
+            path = f"{prefix}.{name}" if prefix else name
+            if name not in known:
+                default = type(obj).model_fields[name].get_default(call_default_factory=True)
+                if getattr(obj, name) != default:
+                    raise ConfigError(
+                        f"config.{path}: the MemoryBank does not implement this setting yet "
+                        f"(found {getattr(obj, name)!r}); use a SoulMem per agent"
+                    )
+                continue
+            value = getattr(obj, name)
+            if hasattr(type(value), "model_fields"):
+                walk(value, path)
+
+    walk(config, "")
+
+
+def _is_plain(q: Any) -> bool:
+    return isinstance(q, (str, Tensor))
+
+
+def _topk(scores: Tensor, mask: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Stable top-k per row: ``(selected (B, M), values, index, valid)``."""
+    values, index, valid = stable_topk(scores, int(k), mask=mask)
+    selected = torch.zeros_like(mask)
+    selected.scatter_(1, index, valid)
+    return selected, values, index, valid
+
+
+def _lists(
+    ids: list[list[Any]], values: Tensor, index: Tensor, valid: Tensor, *, as_float32: bool = False
+) -> list[list[tuple[Any, float]]]:
+    if as_float32:
+        values = values.to(torch.float32)
+    out = []
+    for row_ids, vrow, irow, krow in zip(ids, values.tolist(), index.tolist(), valid.tolist()):
+        out.append([(row_ids[i], v) for v, i, k in zip(vrow, irow, krow) if k])
+    return out
+
+
+def _plain_vectors(queries: Sequence[Any], embedder: Any, width: int, device: Any) -> Tensor:
+    texts = [q for q in queries if isinstance(q, str)]
+    embedded = iter(())
+    if texts:
+        if embedder is None:
+            raise ValidationError("embedder: text queries need an embedder")
+        from soulmem_torch.embedding.embedder import run_embedder
+
+        embedded = iter(run_embedder(embedder, texts))
+    rows = []
+    for i, q in enumerate(queries):
+        v = next(embedded) if isinstance(q, str) else q
+        if v.dim() != 1 or v.shape[0] != width:
+            raise ValidationError(
+                f"query[{i}]: expected a vector of width {width}, found {tuple(v.shape)}"
+            )
+        rows.append(v.to(device=device, dtype=torch.float32))
+    q = torch.stack(rows)
+    if not bool(torch.isfinite(q).all()):
+        raise ValidationError("query: expected finite vectors, found NaN or inf")
+    return q
+
+
+def _string_channel(
+    union: UnionSnapshot,
+    positions: Sequence[int],
+    queries: Sequence[Any],
+    memories: Sequence[Any],
+    weights: Any,
+    m: int,
+) -> Tensor | None:
+    """The exact-identifier channel, per agent of the batch (string matching is CPU work on
+    the agent's identifier index, as in the retrieve layer); ``None`` when no agent has notes."""
+    from soulmem_torch.embedding.identifiers import string_scores
+    from soulmem_torch.retrieve.similarity import _identifier_index
+
+    groups: dict[int, list[int]] = {}
+    for b, (p, mem) in enumerate(zip(positions, memories)):
+        if mem is not None:
+            groups.setdefault(p, []).append(b)
+    if not groups:
+        return None
+    out = torch.zeros(len(queries), m, dtype=torch.float32, device=union.device)
+    for p, rows in groups.items():
+        graph = union.graphs[p]
+        index = _identifier_index(graph, memories[rows[0]])
+        if index is None:
+            continue
+        s = string_scores([queries[b] for b in rows], index, weights=weights, device=union.device)
+        out[torch.tensor(rows, device=union.device), : s.shape[1]] = s
+    return out
+
+
+def _similarity(
+    union: UnionSnapshot,
+    positions: Sequence[int],
+    queries: Sequence[Any],
+    memories: Sequence[Any],
+    embedder: Any,
+    idx: Tensor,
+    valid: Tensor,
+    weights: Any,
+) -> Tensor:
+    """Stage 1: fused similarity of each query against its agent's notes, (B, M) float32."""
+    if all(_is_plain(q) for q in queries):
+        if union.tag_emb is None:
+            raise ValidationError("working_memory: plain queries need notes with embeddings")
+        q = _plain_vectors(queries, embedder, int(union.tag_emb.shape[1]), union.device)
+        return plain_similarity(union, q, idx, valid)
+    if any(_is_plain(q) for q in queries):
+        raise ValidationError(
+            "query: a batch must be all structured queries or all plain (tensor / text) queries"
+        )
+    from soulmem_torch.embedding.query_embedding import QueryEmbeddingBatch, embed_queries
+    from soulmem_torch.retrieve.similarity import _concat
+
+    string = None
+    if all(isinstance(q, QueryEmbeddingBatch) for q in queries):
+        batch = queries[0] if len(queries) == 1 else _concat(queries)
+    else:
+        if any(isinstance(q, QueryEmbeddingBatch) for q in queries):
+            raise ValidationError(
+                "query: a batch must be all embedded (QueryEmbeddingBatch) or all unembedded"
+            )
+        if embedder is None:
+            raise ValidationError(
+                "embedder: structured queries need an embedder (or pass a QueryEmbeddingBatch)"
+            )
+        batch = embed_queries(list(queries), embedder, device=union.device)
+        string = _string_channel(union, positions, queries, memories, weights, idx.shape[1])
+    return structured_similarity(union, batch, idx, valid, string=string, weights=weights)
+
+
+def _association(
+    union: UnionSnapshot,
+    positions: Sequence[int],
+    agents: Tensor,
+    weights: Tensor,
+    keys: Tensor,
+    config: Any,
+) -> tuple[Tensor, Tensor]:
+    """Stage 3: PPR of every query on its agent's block → ``(scores (B, M) f64, ok (B,))``.
+
+    ``power`` runs batched on the union operator; ``sequential`` (the parity oracle, a loop by
+    definition) and ``push`` run per agent of the batch on the agent's own snapshot with the
+    retrieve layer's ``run_association``. ``auto`` resolves per agent, on its own size.
+    """
+    from soulmem_torch.retrieve._engine import resolve_method, run_association
+    from soulmem_torch.retrieve.config import PprMethod
+
+    if bool((torch.where(keys, weights, 0.0) < 0).any()):
+        row, col = (int(v) for v in ((weights < 0) & keys).nonzero()[0])
+        raise ValidationError(
+            "personalization: expected entries >= 0, found "
+            f"{weights[row, col].item()} (a similarity score under a negative "
+            f"similarity_threshold) in query {row}"
+        )
+    ok = keys.any(dim=1) & (weights.sum(dim=1) > 0)
+    sizes = union.sizes_list
+    method_of: dict[int, PprMethod] = {}
+    for size in {sizes[p] for p in positions}:
+        method_of[size] = resolve_method(config.method, num_nodes=size, device=union.device)
+    is_power = torch.tensor(
+        [method_of[sizes[p]] is PprMethod.POWER for p in positions],
+        dtype=torch.bool,
+        device=union.device,
+    )
+    scores = segment_power_ppr(union, config, agents, weights, keys, ok & is_power)
+    other = (ok & ~is_power).nonzero().reshape(-1).tolist()
+    if other:
+        groups: dict[int, list[int]] = {}
+        for r in other:
+            groups.setdefault(positions[r], []).append(r)
+        for p, rows in groups.items():
+            graph = union.graphs[p].to(union.device)
+            n = int(graph.num_nodes)
+            rt = torch.tensor(rows, device=union.device)
+            res, _ = run_association(
+                graph, weights[rt, :n].T.contiguous(), keys[rt, :n].T.contiguous(), config
+            )
+            scores[rt, :n] = res.T
+    ok = ok & (scores.sum(dim=1) > 0)
+    return scores, ok
+
+
+def run_pipeline(
+    union: UnionSnapshot,
+    positions: Sequence[int],
+    queries: Sequence[Any],
+    config: Any,
+    *,
+    priorities: Sequence[int],
+    memories: Sequence[Any],
+    embedder: Any,
+    weights: Any = None,
+) -> list[Any]:
+    """ShortOnly → Similarity → AssociateWithAction → merge for B (agent, query) pairs.
+
+    Args:
+        union: the bank's union snapshot.
+        positions: agent position (in the union) of every query.
+        queries: the queries (all structured or all plain).
+        config: ``DefaultPipelineConfig``.
+        priorities: passed through.
+        memories: each query's agent ``WorkingMemory`` (``None`` for tensor-built agents):
+            the short-term window and the string channel's notes.
+        embedder: embeds texts and structured queries.
+        weights: ``BlendWeights``; ``None`` → defaults.
+    """
+    from soulmem_torch.retrieve import DefaultPipelineResult
+    from soulmem_torch.retrieve.short_only import RetrShortOnly
+
+    supported_config(config)
+    device = union.device
+    agents = torch.tensor(list(positions), dtype=torch.int64, device=device)
+    idx, valid, m = candidates(union, agents)
+
+    # stage 0: the short-term window of each agent
+    short_cfg = config.short_mem_with_history
+    short = [
+        RetrShortOnly().retrieve(short_cfg.into_request(mem)) if mem is not None else ([], "")
+        for mem in memories
+    ]
+
+    # stage 1: similarity on candidate rows
+    sim = _similarity(union, positions, queries, memories, embedder, idx, valid, weights)
+    sim_cfg = config.similarity
+    keep = torch.isfinite(sim) & (sim >= sim_cfg.similarity_threshold) & valid
+
+    # stage 2: seeds
+    selected, s_values, s_index, s_valid = _topk(sim, keep, sim_cfg.max_results)
+    seed_w = torch.where(selected, sim.to(_F64), torch.zeros((), dtype=_F64, device=device))
+
+    # stage 3: association (PPR) and its top-k
+    awa = config.assoc_with_action
+    assoc = awa.association
+    ppr, ok = _association(union, positions, agents, seed_w, selected, assoc)
+    present = ok.unsqueeze(1) & valid
+    ppr_selected = _topk(ppr, present, assoc.top_k)[0]
+
+    # stage 4: situation weights (max-subtracted softmax) and BayesAction
+    neg_inf = torch.full_like(ppr, float("-inf"))
+    merged = torch.maximum(
+        torch.where(selected, seed_w, neg_inf), torch.where(ppr_selected, ppr, neg_inf)
+    )
+    ntype = union.node_type[idx]
+    situation = (ntype == NODE_SPECIFIC) | (ntype == NODE_ABSTRACT)
+    kept = situation & (merged > 0) & ok.unsqueeze(1) & valid
+    w = torch.where(ntype == NODE_ABSTRACT, merged * awa.abstract_source_priority, merged)
+    w = torch.where(kept, w, neg_inf)
+    row_max = w.max(dim=1, keepdim=True).values if m else w[:, :1]
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    e = torch.where(kept, torch.exp(w - row_max), torch.zeros_like(w))
+    total = e.sum(dim=1, keepdim=True)
+    soft = torch.where(total > 0, e / torch.where(total > 0, total, 1.0), e)
+    act_scores, act_cand = candidate_bayes(union, agents, soft, kept)
+    _, a_values, a_index, a_valid = _topk(act_scores, act_cand, awa.action_top_k)
+
+    # stage 5: merge seeds and PPR memories
+    _, m_values, m_index, m_valid = _topk(merged, selected | ppr_selected, config.merge_top_k)
+
+    ids = [union.graphs[p].ids for p in positions]
+    seeds = _lists(ids, s_values, s_index, s_valid, as_float32=True)
+    actions = _lists(ids, a_values, a_index, a_valid)
+    association = _lists(ids, m_values, m_index, m_valid)
+    return [
+        DefaultPipelineResult(
+            association=association[j],
+            action=actions[j],
+            short_history=short[j][0],
+            short_mem=short[j][1],
+            priority=priorities[j],
+            seeds=seeds[j],
+        )
+        for j in range(len(queries))
+    ]

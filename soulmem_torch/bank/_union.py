@@ -1,0 +1,531 @@
+"""The disjoint union of many agents' snapshots, and the segment-wise kernels over it.
+
+A :class:`UnionSnapshot` is PyG ``Batch``-style: ``ptr`` (A + 1,) delimits each agent's notes,
+``agent`` (N,) names the owner of every note, ``edge_index`` is block-diagonal (each agent's
+edges shifted by its offset), and the node / edge tensors of the agents' ``MemoryGraph``
+snapshots are concatenated. Node ``ptr[a] + i`` is node ``i`` of agent ``a``.
+
+Queries never see a dense ``B × N`` matrix: query ``b`` of agent ``a_b`` works on its agent's
+notes gathered as one padded row of ``M = max size of the batch's agents`` candidates
+(``idx = ptr[a_b] + arange(M)``, ``valid = arange(M) < size[a_b]``), in chunks so that
+``chunk × M × fields × D`` stays bounded. PPR runs on the union operator restricted to the
+agents of the batch: blocks never mix, so the queries of different agents share columns (``k``
+queries of one agent take ``k`` columns); dangling mass, key counts and the final
+normalization are per (agent, column) segment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from soulmem_torch.errors import ValidationError
+from soulmem_torch.functional.codes import (
+    LINK_PROC,
+    NODE_ABSTRACT,
+    NODE_PROCEDURE,
+    NODE_SEMANTIC,
+    NODE_SPECIFIC,
+)
+from soulmem_torch.functional.edge_weights import dynamic_edge_weight
+from soulmem_torch.functional.ppr import build_transition, power_iteration_steps
+from soulmem_torch.functional.similarity import BlendWeights, normalize_rows
+
+__all__ = ["UnionSnapshot", "build_union"]
+
+_F64 = torch.float64
+_I64 = torch.int64
+# Upper bound on the floats of one gathered candidate block (chunk × M × fields × D).
+CHUNK_FLOATS = 1 << 24
+
+
+@dataclass(eq=False)
+class UnionSnapshot:
+    """Many agents' snapshots as one disjoint union (see the module docstring).
+
+    Attributes:
+        ptr: shape (A + 1,), int64. Note offsets per agent.
+        eptr: shape (A + 1,), int64. Edge offsets per agent.
+        sizes: shape (A,), int64. Notes per agent.
+        agent: shape (N,), int64. Owner of every note.
+        node_type: shape (N,), int64.
+        edge_index: shape (2, E), int64. Block-diagonal, CSR order within each block.
+        edge_kind / intensity / confidence / prob: shape (E,).
+        tag_emb / tag_mask: (N, D) float32 / (N,) bool, or None when no agent has embeddings.
+        field_emb / field_mask: (N, F, D) / (N, F), or None when no agent has field vectors.
+        graphs: the agents' own snapshots (CPU), for the per-agent fallbacks and the ids.
+    """
+
+    ptr: Tensor
+    eptr: Tensor
+    sizes: Tensor
+    agent: Tensor
+    node_type: Tensor
+    edge_index: Tensor
+    edge_kind: Tensor
+    intensity: Tensor
+    confidence: Tensor
+    prob: Tensor
+    tag_emb: Tensor | None
+    tag_mask: Tensor | None
+    field_emb: Tensor | None
+    field_mask: Tensor | None
+    graphs: list[Any]
+    cache: dict[Any, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.node_type.device
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.node_type.shape[0])
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.graphs)
+
+    @property
+    def sizes_list(self) -> list[int]:
+        if "sizes_list" not in self.cache:
+            self.cache["sizes_list"] = self.sizes.tolist()
+        return self.cache["sizes_list"]
+
+
+def _cat(parts: list[Tensor], empty: Tensor) -> Tensor:
+    return torch.cat(parts) if parts else empty
+
+
+def build_union(graphs: Sequence[Any], device: torch.device) -> UnionSnapshot:
+    """Concatenates the agents' ``MemoryGraph`` snapshots (CPU) into one union on ``device``.
+
+    Cost: one ``torch.cat`` per field over the agents (``O(total notes + total edges)`` memory
+    traffic); no agent is re-snapshotted.
+    """
+    graphs = list(graphs)
+    sizes = torch.tensor([int(g.num_nodes) for g in graphs], dtype=_I64)
+    esizes = torch.tensor([int(g.edge_index.shape[1]) for g in graphs], dtype=_I64)
+    ptr = torch.zeros(len(graphs) + 1, dtype=_I64)
+    torch.cumsum(sizes, 0, out=ptr[1:])
+    eptr = torch.zeros(len(graphs) + 1, dtype=_I64)
+    torch.cumsum(esizes, 0, out=eptr[1:])
+    agent = torch.repeat_interleave(torch.arange(len(graphs)), sizes)
+    edge_offset = torch.repeat_interleave(ptr[:-1], esizes)
+    edge_index = (
+        torch.cat([g.edge_index for g in graphs], dim=1)
+        if graphs
+        else torch.zeros(2, 0, dtype=_I64)
+    )
+    edge_index = edge_index + edge_offset.unsqueeze(0)
+    node_type = _cat([g.node_type for g in graphs], torch.zeros(0, dtype=_I64))
+
+    def edge_attr(name: str, dtype: torch.dtype) -> Tensor:
+        return _cat([getattr(g, name) for g in graphs], torch.zeros(0, dtype=dtype))
+
+    dims = {int(g.tag_emb.shape[1]) for g in graphs if g.tag_emb is not None}
+    if len(dims) > 1:
+        raise ValidationError(
+            f"agents: expected one embedding width across the bank, found widths {sorted(dims)}"
+        )
+    tag_emb = tag_mask = field_emb = field_mask = None
+    if dims:
+        (d,) = dims
+        tag_emb = torch.cat(
+            [g.tag_emb if g.tag_emb is not None else torch.zeros(int(g.num_nodes), d)
+             for g in graphs]
+        )  # fmt: skip
+        tag_mask = torch.cat(
+            [g.tag_mask if g.tag_mask is not None
+             else torch.zeros(int(g.num_nodes), dtype=torch.bool) for g in graphs]
+        )  # fmt: skip
+        if any(g.field_emb is not None for g in graphs):
+            from soulmem_torch.embedding.fields import FIELD_NAMES
+
+            f = len(FIELD_NAMES)
+            field_emb = torch.cat(
+                [g.field_emb if g.field_emb is not None
+                 else torch.zeros(int(g.num_nodes), f, d) for g in graphs]
+            )  # fmt: skip
+            field_mask = torch.cat(
+                [g.field_mask if g.field_mask is not None
+                 else torch.zeros(int(g.num_nodes), f, dtype=torch.bool) for g in graphs]
+            )  # fmt: skip
+
+    def dev(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.to(device)
+
+    return UnionSnapshot(
+        ptr=ptr.to(device),
+        eptr=eptr.to(device),
+        sizes=sizes.to(device),
+        agent=agent.to(device),
+        node_type=node_type.to(device),
+        edge_index=edge_index.to(device),
+        edge_kind=edge_attr("edge_kind", _I64).to(device),
+        intensity=edge_attr("intensity", _F64).to(device),
+        confidence=edge_attr("confidence", torch.float32).to(device),
+        prob=edge_attr("prob", _F64).to(device),
+        tag_emb=dev(tag_emb),
+        tag_mask=dev(tag_mask),
+        field_emb=dev(field_emb),
+        field_mask=dev(field_mask),
+        graphs=graphs,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# candidates
+# ------------------------------------------------------------------------------------------
+
+
+def candidates(union: UnionSnapshot, agents: Tensor) -> tuple[Tensor, Tensor, int]:
+    """Padded candidate rows: ``idx (B, M)`` union node indices, ``valid (B, M)``, ``M``."""
+    sizes = union.sizes.index_select(0, agents)
+    m = int(sizes.max()) if agents.numel() else 0
+    ar = torch.arange(m, device=agents.device)
+    valid = ar.unsqueeze(0) < sizes.unsqueeze(1)
+    start = union.ptr.index_select(0, agents).unsqueeze(1)
+    idx = torch.where(valid, start + ar.unsqueeze(0), start.clamp_max(max(union.num_nodes - 1, 0)))
+    return idx, valid, m
+
+
+def _chunks(b: int, per_row: int) -> list[slice]:
+    step = max(1, CHUNK_FLOATS // max(per_row, 1))
+    return [slice(i, min(i + step, b)) for i in range(0, b, step)]
+
+
+def plain_similarity(union: UnionSnapshot, q: Tensor, idx: Tensor, valid: Tensor) -> Tensor:
+    """Plain-mode cosine of each query against its agent's notes: (B, M) float32.
+
+    ``cosine_scores(q, x) * tag_mask`` of the retrieve layer, segment-wise.
+    """
+    if union.tag_emb is None:
+        raise ValidationError("working_memory: plain queries need notes with embeddings")
+    xn = union.cache.get("tag_normalized")
+    if xn is None:
+        xn = union.cache["tag_normalized"] = normalize_rows(union.tag_emb)
+    if q.shape[1] != xn.shape[1]:
+        raise ValidationError(
+            f"query: expected vectors of width {xn.shape[1]}, found width {q.shape[1]}"
+        )
+    qn = normalize_rows(q)
+    b, m = idx.shape
+    out = torch.zeros(b, m, dtype=torch.float32, device=q.device)
+    for sl in _chunks(b, m * xn.shape[1]):
+        cand = xn[idx[sl]]  # (c, M, D)
+        out[sl] = torch.bmm(cand, qn[sl].unsqueeze(-1)).squeeze(-1)
+    mask = union.tag_mask[idx] & valid
+    return out * mask.to(out.dtype)
+
+
+def structured_similarity(
+    union: UnionSnapshot,
+    batch: Any,
+    idx: Tensor,
+    valid: Tensor,
+    *,
+    string: Tensor | None,
+    weights: BlendWeights | None,
+) -> Tensor:
+    """``fused_similarity`` of B embedded queries against their agents' notes: (B, M) float32.
+
+    The rules of :func:`soulmem_torch.functional.similarity.embedding_scores` evaluated on
+    padded candidate rows: its variant kernels run under ``torch.func.vmap`` over the queries
+    (one ``bmm`` per field pair), never on a ``B × N`` matrix.
+    """
+    from soulmem_torch.functional import similarity as fsim
+
+    w = weights if weights is not None else BlendWeights()
+    device = idx.device
+    b, m = idx.shape
+    out = torch.zeros(b, m, dtype=torch.float32, device=device)
+    if b == 0 or m == 0:
+        return out
+    if union.tag_emb is None or union.field_emb is None:
+        return out  # the retrieve layer scores notes without embeddings as 0
+    q = batch.to(device)
+    fn_u = union.cache.get("field_normalized")
+    if fn_u is None:
+        fn_u = normalize_rows(union.field_emb).masked_fill_(~union.field_mask.unsqueeze(-1), 0.0)
+        union.cache["field_normalized"] = fn_u
+    tn_u = union.cache.get("tag_masked_normalized")
+    if tn_u is None:
+        tn_u = normalize_rows(union.tag_emb) * union.tag_mask.unsqueeze(-1)
+        union.cache["tag_masked_normalized"] = tn_u
+    n_zero_u = ~((union.tag_emb != 0).any(dim=-1) & union.tag_mask)
+    um = q.unit_mask
+    qm = q.field_mask & um.unsqueeze(-1)
+    qn = normalize_rows(q.field).masked_fill_(~qm.unsqueeze(-1), 0.0)
+    kind = q.kind.to(device)
+    qtag = normalize_rows(q.tag)
+    q_zero = ~(q.tag != 0).any(dim=-1)
+    from soulmem_torch.embedding.fields import QUERY_SEMANTIC, QUERY_SITUATION
+
+    sem_variant = torch.func.vmap(fsim._semantic_variant, in_dims=(0, 0, 0, 0, None))
+    sit_variant = torch.func.vmap(fsim._situation_variant, in_dims=(0, 0, 0, 0, 0, 0, None))
+    f, d = union.field_emb.shape[1], union.field_emb.shape[2]
+    for sl in _chunks(b, m * f * d):
+        ix = idx[sl]
+        fn = fn_u[ix]  # (c, M, F, D)
+        fm = union.field_mask[ix]
+        ntype = union.node_type[ix]
+        c = ix.shape[0]
+        variant = torch.zeros(c, m, dtype=torch.float32, device=device)
+        k = kind[sl]
+        sem = (k == QUERY_SEMANTIC).nonzero().squeeze(1)
+        sit = (k == QUERY_SITUATION).nonzero().squeeze(1)
+        if sem.numel():
+            v = sem_variant(
+                qn[sl][sem].unsqueeze(1), qm[sl][sem].unsqueeze(1), um[sl][sem].unsqueeze(1),
+                fn[sem], w,
+            ).squeeze(1)  # fmt: skip
+            variant[sem] = torch.where(ntype[sem] == NODE_SEMANTIC, v, 0.0)
+        if sit.numel():
+            v = sit_variant(
+                qn[sl][sit].unsqueeze(1), qm[sl][sit].unsqueeze(1), um[sl][sit].unsqueeze(1),
+                fn[sit], fm[sit], ntype[sit], w,
+            ).squeeze(1)  # fmt: skip
+            is_sit = (ntype[sit] == NODE_SPECIFIC) | (ntype[sit] == NODE_ABSTRACT)
+            variant[sit] = torch.where(is_sit, v, 0.0)
+        tag_cos = torch.bmm(tn_u[ix], qtag[sl].unsqueeze(-1)).squeeze(-1)
+        no_tag = q_zero[sl].unsqueeze(1) | n_zero_u[ix]
+        score = torch.where(no_tag, variant, w.tag * tag_cos + w.variant * variant)
+        has_emb = union.tag_mask[ix]
+        score = torch.where(has_emb, score, 0.0)
+        if string is not None:
+            fused = fsim.fuse_string_scores(score, string[sl], alpha=w.string_blend_alpha)
+            score = torch.where(has_emb, fused, 0.0)
+        out[sl] = score
+    return torch.where(valid, out, 0.0)
+
+
+# ------------------------------------------------------------------------------------------
+# association: PPR on the union operator
+# ------------------------------------------------------------------------------------------
+
+
+def _weight_key(config: Any) -> tuple[Any, ...]:
+    return (
+        config.preference.boosts,
+        config.resolved_intensity_factor,
+        config.resolved_confidence_factor,
+    )
+
+
+def union_transition(union: UnionSnapshot, config: Any) -> Any:
+    """The union's row-normalized transition (block-diagonal), cached per preference/factors."""
+    key = ("transition", *_weight_key(config))
+    op = union.cache.get(key)
+    if op is None:
+        w = dynamic_edge_weight(
+            union.edge_index,
+            union.edge_kind,
+            union.intensity,
+            union.confidence,
+            union.node_type,
+            preference=config.preference.boosts,
+            intensity_factor=config.resolved_intensity_factor,
+            confidence_factor=config.resolved_confidence_factor,
+        )
+        op = build_transition(union.edge_index, w, num_nodes=union.num_nodes)
+        union.cache[key] = op
+    return op
+
+
+def _ranges(starts: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """Concatenated ``arange(start, start + length)`` and the segment of each element."""
+    seg = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+    offsets = torch.zeros_like(lengths)
+    if lengths.numel() > 1:
+        torch.cumsum(lengths[:-1], 0, out=offsets[1:])
+    return starts[seg] + torch.arange(seg.numel(), device=lengths.device) - offsets[seg], seg
+
+
+def _sub_operator(
+    union: UnionSnapshot, op: Any, involved: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``P^T`` restricted to the involved agents' blocks.
+
+    Returns ``(transpose (S, S) CSR, dangling (sub indices), offsets (len(involved),),
+    node_segment (S,))``: the blocks are laid out one after the other in ``involved`` order.
+    """
+    sizes = union.sizes.index_select(0, involved)
+    starts = union.ptr.index_select(0, involved)
+    nodes, node_seg = _ranges(starts, sizes)  # global index of every sub node
+    offsets = torch.zeros_like(sizes)
+    if sizes.numel() > 1:
+        torch.cumsum(sizes[:-1], 0, out=offsets[1:])
+    t = op.transpose
+    crow = t.crow_indices().to(_I64)
+    col = t.col_indices().to(_I64)
+    vals = t.values()
+    row_len = crow[nodes + 1] - crow[nodes]
+    entries, entry_row = _ranges(crow[nodes], row_len)
+    shift = (offsets - starts)[node_seg[entry_row]]
+    sub_col = col[entries] + shift
+    s = int(nodes.numel())
+    sub_crow = torch.zeros(s + 1, dtype=_I64, device=nodes.device)
+    torch.cumsum(row_len, 0, out=sub_crow[1:])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]parse CSR tensor support is in beta.*")
+        transpose = torch.sparse_csr_tensor(
+            sub_crow, sub_col, vals[entries], (s, s), check_invariants=False
+        )
+    dangling = (op.out_degree.index_select(0, nodes) == 0).nonzero().reshape(-1)
+    return transpose, dangling, offsets, node_seg
+
+
+def segment_power_ppr(
+    union: UnionSnapshot,
+    config: Any,
+    agents: Tensor,
+    weights: Tensor,
+    keys: Tensor,
+    ok: Tensor,
+) -> Tensor:
+    """Power-iteration PPR of every query on its agent's block: ``(B, M)`` float64.
+
+    Same iterate, step count, dangling rule and normalization as
+    :func:`soulmem_torch.functional.ppr.ppr_power_iteration` on the agent's own graph; rows
+    with ``ok`` False stay zero.
+
+    Args:
+        agents: shape (B,), int64. Agent of each query.
+        weights: shape (B, M), float64. Personalization over the candidate rows.
+        keys: shape (B, M), bool. Keys (entries of the personalization, even at weight 0).
+        ok: shape (B,), bool. Queries that run.
+    """
+    b, m = weights.shape
+    device = weights.device
+    out = torch.zeros(b, m, dtype=_F64, device=device)
+    rows = ok.nonzero().reshape(-1)
+    if rows.numel() == 0 or m == 0:
+        return out
+    d = float(config.damping_factor)
+    steps = power_iteration_steps(d, config.power_tol)
+    dtype = torch.float32 if config.power_dtype == "float32" else _F64
+    a = agents.index_select(0, rows)
+    # columns: the rank of each query among the batch's queries of the same agent
+    order = torch.argsort(a, stable=True)
+    sorted_a = a[order]
+    involved, inverse, counts = torch.unique_consecutive(
+        sorted_a, return_inverse=True, return_counts=True
+    )
+    first = torch.zeros_like(counts)
+    if counts.numel() > 1:
+        torch.cumsum(counts[:-1], 0, out=first[1:])
+    rank_sorted = torch.arange(sorted_a.numel(), device=device) - first[inverse]
+    col = torch.empty_like(rank_sorted)
+    col[order] = rank_sorted
+    seg = torch.empty_like(inverse)
+    seg[order] = inverse  # position of each query's agent in ``involved``
+    ncols = int(counts.max())
+    op = union_transition(union, config)
+    transpose, dangling, offsets, node_seg = _sub_operator(union, op, involved)
+    s = int(node_seg.numel())
+    # personalization (S, C): entry (offset[seg] + i, col) = weights[row, i]
+    w = weights.index_select(0, rows)
+    k = keys.index_select(0, rows)
+    total = torch.zeros(rows.numel(), dtype=_F64, device=device).index_add_(
+        0, torch.arange(rows.numel(), device=device).repeat_interleave(m), w.reshape(-1)
+    )  # row sums in note order (as the kernel's column sums)
+    safe = torch.where(total > 0, total, 1.0)
+    restart_rows = (w / safe.unsqueeze(1)).mul_(1.0 - d)
+    kr, ki = k.nonzero(as_tuple=True)
+    node = offsets[seg[kr]] + ki
+    restart = torch.zeros(s, ncols, dtype=_F64, device=device)
+    restart[node, col[kr]] = restart_rows[kr, ki]
+    key_flat = node * ncols + col[kr]
+    seg_cols = involved.numel() * ncols
+    key_segcol = seg[kr] * ncols + col[kr]  # (agent, column) segment of each key
+    n_src = torch.bincount(key_segcol, minlength=seg_cols).to(_F64)
+    x = restart.to(dtype)
+    restart_t = x
+    if steps > 0 and d > 0.0:
+        t = transpose if transpose.dtype == dtype else transpose.to(dtype)
+        has_dangling = dangling.numel() > 0
+        if has_dangling:
+            key_share = (d / n_src[key_segcol]).to(dtype)
+            dseg = node_seg.index_select(0, dangling)
+        buffers = [torch.empty_like(x), torch.empty_like(x)]
+        for step in range(steps):
+            nxt = buffers[step % 2]
+            torch.addmm(restart_t, t, x, alpha=d, out=nxt)
+            if has_dangling:
+                lost = torch.zeros(involved.numel(), ncols, dtype=dtype, device=device)
+                lost.index_add_(0, dseg, x.index_select(0, dangling))
+                nxt.view(-1).index_add_(0, key_flat, key_share * lost.view(-1)[key_segcol])
+            x = nxt
+    x = x.to(_F64)
+    # per (agent, column) normalization, rows added in note order
+    sums = torch.zeros(involved.numel(), ncols, dtype=_F64, device=device).index_add_(
+        0, node_seg, x
+    )
+    # gather each query's block back into its candidate row
+    sizes = union.sizes.index_select(0, a)
+    ar = torch.arange(m, device=device)
+    valid = ar.unsqueeze(0) < sizes.unsqueeze(1)
+    src = offsets[seg].unsqueeze(1) + ar.unsqueeze(0)
+    src = torch.where(valid, src, 0)
+    vals = x[src, col.unsqueeze(1).expand_as(src)]
+    tot = sums[seg, col].unsqueeze(1)
+    vals = torch.where(tot != 0, vals / torch.where(tot != 0, tot, 1.0), vals)
+    out[rows] = torch.where(valid, vals, 0.0)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# BayesAction on candidate rows
+# ------------------------------------------------------------------------------------------
+
+
+def _proc_edges(union: UnionSnapshot) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Proc links into Procedure notes: ``(src, dst, prob, pptr)`` in agent order."""
+    cached = union.cache.get("proc_edges")
+    if cached is None:
+        ei = union.edge_index
+        sel = (union.edge_kind == LINK_PROC) & (union.node_type[ei[1]] == NODE_PROCEDURE)
+        src, dst, prob = ei[0][sel], ei[1][sel], union.prob[sel]
+        counts = torch.bincount(union.agent[src], minlength=union.num_agents)
+        pptr = torch.zeros(union.num_agents + 1, dtype=_I64, device=src.device)
+        torch.cumsum(counts, 0, out=pptr[1:])
+        cached = union.cache["proc_edges"] = (src, dst, prob, pptr)
+    return cached
+
+
+def candidate_bayes(
+    union: UnionSnapshot, agents: Tensor, weight: Tensor, keys: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``score[a] += prob · weight[s]`` over each agent's Proc links, on candidate rows.
+
+    Returns ``(scores (B, M) float64, candidates (B, M) bool)`` as
+    ``bayes_action_scores`` / ``bayes_action_candidates`` on the agent's own graph.
+    """
+    b, m = weight.shape
+    src, dst, prob, pptr = _proc_edges(union)
+    scores = torch.zeros(b, m, dtype=_F64, device=weight.device)
+    cand = torch.zeros(b, m, dtype=torch.bool, device=weight.device)
+    if b == 0 or src.numel() == 0:
+        return scores, cand
+    start = pptr.index_select(0, agents)
+    count = pptr.index_select(0, agents + 1) - start
+    p = int(count.max())
+    if p == 0:
+        return scores, cand
+    ar = torch.arange(p, device=weight.device)
+    pvalid = ar.unsqueeze(0) < count.unsqueeze(1)
+    e = torch.where(pvalid, start.unsqueeze(1) + ar.unsqueeze(0), 0)
+    base = union.ptr.index_select(0, agents).unsqueeze(1)
+    s_loc = torch.where(pvalid, src[e] - base, 0)
+    d_loc = torch.where(pvalid, dst[e] - base, 0)
+    pr = torch.where(pvalid, prob[e], 0.0)
+    scores.scatter_add_(1, d_loc, pr * weight.gather(1, s_loc))
+    hits = torch.zeros(b, m, dtype=_I64, device=weight.device)
+    hits.scatter_add_(1, d_loc, (keys.gather(1, s_loc) & pvalid).to(_I64))
+    return scores, hits > 0

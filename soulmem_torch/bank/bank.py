@@ -1,0 +1,493 @@
+"""``MemoryBank``: many agents' memories answered together, as one disjoint-union snapshot.
+
+Each agent is a :class:`~soulmem_torch.api.SoulMem` (its own notes, ids, links and window);
+the bank keeps every agent's cached ``MemoryGraph`` snapshot and concatenates them into one
+:class:`~soulmem_torch.bank._union.UnionSnapshot` (built lazily, at the first query after a
+change). A batch of requests from many agents runs the default pipeline once:
+
+* similarity of every query against its own agent's notes only (padded candidate rows,
+  chunked — never a ``B × total notes`` matrix);
+* PPR on the union operator: one sparse product per step answers every agent of the batch
+  (queries of different agents share columns; ``k`` queries of one agent take ``k`` columns);
+* BayesAction, the softmax of the situation weights and every top-k per candidate row.
+
+For every (agent, query) the result is that of a ``SoulMem`` holding only that agent's notes,
+with the same config (same ids in the same order; scores equal up to float rounding).
+
+Cost of a change: ``add_notes`` embeds only the new notes and re-snapshots only that agent at
+the next query; the union is then re-concatenated (one ``torch.cat`` per field,
+``O(total notes + total edges)`` memory traffic, no per-agent recomputation) and its transition
+operator rebuilt in one vectorized pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from soulmem_torch.errors import ConfigError, NotFoundError, StoreError, ValidationError
+from soulmem_torch.model import MemoryId, MemoryNote
+
+__all__ = ["MemoryBank"]
+
+BANK_FORMAT = "soulmem-bank"
+BANK_VERSION = 1
+MANIFEST = "bank.json"
+
+
+def _check_agent_id(agent_id: Any, what: str = "agent_id") -> str:
+    if not isinstance(agent_id, str) or not agent_id:
+        raise ValidationError(f"{what}: expected a non-empty string, found {agent_id!r}")
+    return agent_id
+
+
+def _agent_dir(agent_id: str) -> str:
+    return "agents/" + hashlib.sha256(agent_id.encode("utf-8")).hexdigest()[:24]
+
+
+class _Agent:
+    """One agent: a ``SoulMem`` (note-backed) or a bare ``MemoryGraph`` (tensor-built)."""
+
+    __slots__ = ("graph", "mem")
+
+    def __init__(self, mem: Any = None, graph: Any = None) -> None:
+        self.mem = mem
+        self.graph = graph
+
+    def snapshot(self) -> Any:
+        if self.mem is not None:
+            return self.mem.working_memory.graph()
+        return self.graph
+
+
+class MemoryBank:
+    """Many agents' memories, answered together in one batch per call.
+
+    Args:
+        embedder: shared by every agent (notes and queries); ``None`` → the offline
+            :class:`~soulmem_torch.embedding.HashingEmbedder`.
+        device: where retrieval runs: ``None`` (CPU), ``"auto"``, ``"cuda"``, ``"cuda:1"``, … .
+        window_capacity: each agent's short-term window size (as ``SoulMem``).
+
+    Example::
+
+        bank = MemoryBank()
+        bank.add_agent("npc-17", notes)
+        results = bank.ask(["npc-17"], ["who did I meet at the market?"])
+    """
+
+    def __init__(
+        self, *, embedder: Any = None, device: Any = None, window_capacity: int = 20
+    ) -> None:
+        from soulmem_torch.embedding import HashingEmbedder
+        from soulmem_torch.retrieve._engine import resolve_device
+
+        self.embedder = embedder if embedder is not None else HashingEmbedder()
+        self.device = resolve_device(device)
+        self.window_capacity = window_capacity
+        self._agents: dict[str, _Agent] = {}
+        self._order: list[str] = []
+        self._position: dict[str, int] = {}
+        self._union: Any = None
+        self._union_snapshots: list[Any] = []
+        self._dirty = True
+
+    # -- building ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __contains__(self, agent_id: object) -> bool:
+        return agent_id in self._agents
+
+    def agents(self) -> list[str]:
+        """Agent ids, in the order they were added."""
+        return list(self._order)
+
+    def _register(self, agent_id: str, agent: _Agent) -> None:
+        self._agents[agent_id] = agent
+        self._position[agent_id] = len(self._order)
+        self._order.append(agent_id)
+        self._dirty = True
+
+    def add_agent(
+        self,
+        agent_id: str,
+        notes: Iterable[MemoryNote] = (),
+        *,
+        embeddings: Sequence[Any] | None = None,
+        readable_ids: dict[MemoryId, str] | None = None,
+    ) -> int:
+        """Adds an agent with its notes; returns how many notes it holds.
+
+        Args:
+            agent_id: a new, non-empty string.
+            notes: the agent's notes (ids are scoped per agent: the same note may live in
+                several agents).
+            embeddings: one ``MemoryEmbedding`` per note (precomputed); ``None`` → embedded
+                with the bank's embedder in batched calls.
+            readable_ids: optional readable names of notes.
+
+        Raises:
+            ValidationError: an existing agent id, or a wrong number of embeddings.
+        """
+        from soulmem_torch.api import SoulMem
+
+        agent_id = _check_agent_id(agent_id)
+        if agent_id in self._agents:
+            raise ValidationError(f"agent_id: {agent_id!r} is already in the bank")
+        mem = SoulMem(
+            embedder=self.embedder, device=self.device, window_capacity=self.window_capacity
+        )
+        self._add_to(mem, list(notes), embeddings, readable_ids)
+        self._register(agent_id, _Agent(mem=mem))
+        return len(mem)
+
+    def add_agent_graph(self, agent_id: str, graph: Any) -> int:
+        """Adds an agent from a tensor snapshot (``MemoryGraph.from_tensors``, no notes).
+
+        Such an agent answers plain (vector / text) and embedded queries; it has no
+        ``SoulMem`` view, no string channel and cannot take notes.
+        """
+        from soulmem_torch.graph import MemoryGraph
+
+        agent_id = _check_agent_id(agent_id)
+        if agent_id in self._agents:
+            raise ValidationError(f"agent_id: {agent_id!r} is already in the bank")
+        if not isinstance(graph, MemoryGraph):
+            raise ValidationError(f"graph: expected a MemoryGraph, found {type(graph).__name__}")
+        self._register(agent_id, _Agent(graph=graph.cpu()))
+        return int(graph.num_nodes)
+
+    @staticmethod
+    def _add_to(
+        mem: Any,
+        notes: list[MemoryNote],
+        embeddings: Sequence[Any] | None,
+        readable_ids: dict[MemoryId, str] | None,
+    ) -> int:
+        from soulmem_torch.embedding import embed_notes
+
+        for i, note in enumerate(notes):
+            if not isinstance(note, MemoryNote):
+                raise ValidationError(
+                    f"notes[{i}]: expected a MemoryNote, found {type(note).__name__}"
+                )
+        if embeddings is None:
+            embeddings = embed_notes(notes, mem.embedder) if notes else []
+        else:
+            embeddings = list(embeddings)
+            if len(embeddings) != len(notes):
+                raise ValidationError(
+                    f"embeddings: expected {len(notes)} (one per note), found {len(embeddings)}"
+                )
+        added = mem.working_memory.add_nodes(notes, embeddings)
+        if readable_ids:
+            mem.readable_ids.update(readable_ids)
+        return sum(bool(a) for a in added)
+
+    def add_notes(
+        self,
+        agent_id: str,
+        notes: Iterable[MemoryNote],
+        *,
+        embeddings: Sequence[Any] | None = None,
+        readable_ids: dict[MemoryId, str] | None = None,
+    ) -> int:
+        """Adds notes to one agent (the others are untouched); returns how many were new."""
+        agent = self._get(agent_id)
+        if agent.mem is None:
+            raise ValidationError(
+                f"agent_id: {agent_id!r} was added as a tensor snapshot and cannot take notes"
+            )
+        added = self._add_to(agent.mem, list(notes), embeddings, readable_ids)
+        self._dirty = True
+        return added
+
+    def _get(self, agent_id: Any) -> _Agent:
+        _check_agent_id(agent_id)
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            raise NotFoundError(f"agent_id: {agent_id!r} is not in the bank")
+        return agent
+
+    def agent(self, agent_id: str) -> Any:
+        """The ``SoulMem`` of one agent (a live view: changes through it reach the bank)."""
+        agent = self._get(agent_id)
+        if agent.mem is None:
+            raise ValidationError(
+                f"agent_id: {agent_id!r} was added as a tensor snapshot; it has no SoulMem view"
+            )
+        return agent.mem
+
+    def graph(self, agent_id: str) -> Any:
+        """The ``MemoryGraph`` snapshot of one agent (CPU)."""
+        return self._get(agent_id).snapshot()
+
+    # -- the union ---------------------------------------------------------------------------
+    def union(self) -> Any:
+        """The disjoint-union snapshot, rebuilt when an agent changed since the last one."""
+        from soulmem_torch.bank._union import build_union
+
+        if self._dirty or self._union is None:
+            snaps = [self._agents[a].snapshot() for a in self._order]
+            self._union = build_union(snaps, self.device)
+            self._union_snapshots = snaps
+            self._dirty = False
+        return self._union
+
+    def _fresh_union(self, positions: Sequence[int]) -> Any:
+        """The union, rebuilt first if an agent of this batch changed through its view."""
+        union = self.union()
+        for p in set(positions):
+            agent = self._agents[self._order[p]]
+            if agent.mem is not None and agent.snapshot() is not self._union_snapshots[p]:
+                self._dirty = True
+                return self.union()
+        return union
+
+    # -- asking ------------------------------------------------------------------------------
+    def _positions(self, agent_ids: Sequence[Any]) -> list[int]:
+        out = []
+        for i, a in enumerate(agent_ids):
+            if not isinstance(a, str) or not a:
+                raise ValidationError(f"agents[{i}]: expected a non-empty string, found {a!r}")
+            p = self._position.get(a)
+            if p is None:
+                raise NotFoundError(f"agents[{i}]: {a!r} is not in the bank")
+            out.append(p)
+        return out
+
+    def query(
+        self,
+        requests: Sequence[tuple[str, Any]],
+        *,
+        config: Any = None,
+        priorities: Sequence[int] | None = None,
+    ) -> list[Any]:
+        """The default pipeline for ``[(agent_id, query), ...]`` in one batch.
+
+        Args:
+            requests: pairs of an agent id and a query — a ``MemoryRetrieveQuery`` (or its JSON
+                dict, or an embedded ``QueryEmbeddingBatch`` of one query), or, plain mode, a
+                ``(D,)`` tensor or a string. One batch is all structured or all plain.
+            config: ``DefaultPipelineConfig``; ``None`` → the default.
+            priorities: one int per request (passed through); ``None`` → zeros.
+
+        Returns:
+            one ``DefaultPipelineResult`` per request, in order.
+        """
+        from soulmem_torch.bank._pipeline import run_pipeline
+        from soulmem_torch.retrieve import DefaultPipelineConfig
+
+        requests = list(requests)
+        pairs = []
+        for i, item in enumerate(requests):
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise ValidationError(
+                    f"requests[{i}]: expected an (agent_id, query) pair, found {item!r}"
+                )
+            pairs.append(tuple(item))
+        config = DefaultPipelineConfig() if config is None else config
+        if not isinstance(config, DefaultPipelineConfig):
+            raise ConfigError(
+                f"config: expected a DefaultPipelineConfig, found {type(config).__name__}"
+            )
+        priorities = list(priorities) if priorities is not None else [0] * len(pairs)
+        if len(priorities) != len(pairs):
+            raise ValidationError(
+                f"priorities: expected {len(pairs)} values, found {len(priorities)}"
+            )
+        positions = self._positions([a for a, _ in pairs])
+        if not pairs:
+            return []
+        union = self._fresh_union(positions)
+        agents = [self._agents[self._order[p]] for p in positions]
+        return run_pipeline(
+            union,
+            positions,
+            [q for _, q in pairs],
+            config,
+            priorities=priorities,
+            memories=[a.mem.working_memory if a.mem is not None else None for a in agents],
+            embedder=self.embedder,
+        )
+
+    def ask(
+        self,
+        agent_ids: Sequence[str] | str,
+        texts: Sequence[str] | str,
+        *,
+        config: Any = None,
+    ) -> list[Any]:
+        """Free-text questions, one per agent id, as ``SoulMem.ask`` of each agent.
+
+        Each text runs as a concept query and an episode query (one batch for all agents);
+        their memories and actions are mixed, max per note.
+        """
+        from soulmem_torch.api import text_queries
+        from soulmem_torch.retrieve import (
+            DefaultPipelineConfig,
+            DefaultPipelineResult,
+            mix_by_priority,
+        )
+
+        agent_ids = [agent_ids] if isinstance(agent_ids, str) else list(agent_ids)
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if len(agent_ids) != len(texts):
+            raise ValidationError(
+                f"texts: expected {len(agent_ids)} texts (one per agent id), found {len(texts)}"
+            )
+        self._positions(agent_ids)
+        requests = []
+        for i, (a, t) in enumerate(zip(agent_ids, texts)):
+            try:
+                qs = text_queries(t)
+            except ValidationError as exc:
+                raise ValidationError(f"texts[{i}]: {exc}") from None
+            requests.extend((a, q) for q in qs)
+        results = self.query(requests, config=config)
+        cut = (config or DefaultPipelineConfig()).merge_top_k
+        out = []
+        for i in range(len(texts)):
+            a, b = results[2 * i], results[2 * i + 1]
+            out.append(
+                DefaultPipelineResult(
+                    association=mix_by_priority([a.association, b.association], [0, 0], top_k=cut),
+                    action=mix_by_priority([a.action, b.action], [0, 0]),
+                    short_history=a.short_history,
+                    short_mem=a.short_mem,
+                    priority=0,
+                    seeds=mix_by_priority([a.seeds, b.seeds], [0, 0]),
+                )
+            )
+        return out
+
+    def describe(self, agent_id: str, scored: Iterable[tuple[MemoryId, float]]) -> list[Any]:
+        """``[(name, score)]`` of a result list of one agent (readable ids / labels)."""
+        agent = self._get(agent_id)
+        if agent.mem is None:
+            return [(str(i), float(s)) for i, s in scored]
+        return agent.mem.describe(scored)
+
+    # -- persistence ---------------------------------------------------------------------------
+    def _manifest(self) -> dict[str, Any]:
+        return {
+            "format": BANK_FORMAT,
+            "version": BANK_VERSION,
+            "embedder": type(self.embedder).__name__,
+            "agents": [
+                {
+                    "id": a,
+                    "dir": _agent_dir(a),
+                    "kind": "notes" if self._agents[a].mem is not None else "graph",
+                }
+                for a in self._order
+            ],
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Writes every agent (a ``MemoryStore`` each, atomic) and then the manifest (atomic)."""
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        for a in self._order:
+            self._save_agent_files(root, a)
+        self._write_manifest(root)
+        return root
+
+    def save_agent(self, path: str | os.PathLike[str], agent_id: str) -> Path:
+        """Persists one agent (and the manifest) into an existing bank directory."""
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        self._save_agent_files(root, agent_id)
+        self._write_manifest(root)
+        return root
+
+    def _save_agent_files(self, root: Path, agent_id: str) -> None:
+        agent = self._get(agent_id)
+        target = root / _agent_dir(agent_id)
+        if agent.mem is not None:
+            agent.mem.save(target)
+            return
+        target.mkdir(parents=True, exist_ok=True)
+        g = agent.graph
+        payload = {
+            key: getattr(g, key)
+            for key in (
+                "edge_index", "edge_kind", "node_type", "intensity", "confidence", "prob",
+                "tag_emb", "tag_mask", "field_emb", "field_mask", "create_time_ns",
+                "retrieval_count",
+            )
+        }  # fmt: skip
+        payload["ids"] = [str(i) for i in g.ids]
+        _atomic_write(target / "graph.pt", lambda fh: torch.save(payload, fh))
+
+    def _write_manifest(self, root: Path) -> None:
+        data = json.dumps(self._manifest(), ensure_ascii=False, indent=1).encode("utf-8")
+        _atomic_write(root / MANIFEST, lambda fh: fh.write(data))
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], *, embedder: Any = None, device: Any = None
+    ) -> MemoryBank:
+        """A bank saved by :meth:`save`."""
+        from soulmem_torch.api import SoulMem
+        from soulmem_torch.graph import MemoryGraph
+
+        root = Path(path)
+        manifest_path = root / MANIFEST
+        try:
+            manifest = json.loads(manifest_path.read_text("utf-8"))
+        except FileNotFoundError:
+            raise StoreError(f"path: {str(root)!r} holds no bank ({MANIFEST} is missing)") from None
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"path: cannot read {str(manifest_path)!r}: {exc}") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != BANK_FORMAT:
+            raise StoreError(f"path: {str(manifest_path)!r} is not a {BANK_FORMAT} manifest")
+        if manifest.get("version") != BANK_VERSION:
+            raise StoreError(
+                f"path: bank format version {manifest.get('version')!r}; expected {BANK_VERSION}"
+            )
+        bank = cls(embedder=embedder, device=device)
+        for entry in manifest.get("agents", []):
+            agent_id, kind = entry["id"], entry.get("kind", "notes")
+            target = root / entry["dir"]
+            if kind == "graph":
+                payload = torch.load(target / "graph.pt", weights_only=True)
+                ids = [MemoryId(i) for i in payload.pop("ids")]
+                ei = payload.pop("edge_index")
+                graph = MemoryGraph.from_tensors(
+                    ei, num_nodes=int(payload["node_type"].shape[0]), ids=ids,
+                    **{k: v for k, v in payload.items() if v is not None},
+                )  # fmt: skip
+                bank.add_agent_graph(agent_id, graph)
+            else:
+                mem = SoulMem.load(
+                    target, embedder=bank.embedder, device=bank.device,
+                    window_capacity=bank.window_capacity,
+                )  # fmt: skip
+                bank._register(_check_agent_id(agent_id), _Agent(mem=mem))
+        return bank
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """Writes to a temporary file in the same directory, fsyncs, then renames over ``path``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
