@@ -19,8 +19,9 @@ Parsing (per trimmed line; keys are case-sensitive as in the original; later lin
 Applying: while the note's missing degree is below :data:`ALIGN_LENGTH_CAP_THRESHOLD` (0.6,
 float32 comparison) the alias list may not grow (a longer list is ignored); a non-empty alias
 list replaces the old one; a description replaces; a recognised concept type replaces. If the LLM
-fails (raises, times out, returns a non-string) :class:`~soulmem_torch.errors.LLMError` is
-raised and the note is unchanged.
+fails (raises, times out, returns a non-string, or a reply longer than
+``REPLY_LENGTH_FACTOR`` × the prompt's user message + ``REPLY_LENGTH_SLACK`` characters)
+:class:`~soulmem_torch.errors.LLMError` is raised and the note is unchanged.
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ from soulmem_torch.forget.decay import (
     DEFAULT_BASE_HALF_LIFE_HOURS,
     DEFAULT_MAX_ACTIVATION_CAP,
 )
-from soulmem_torch.forget.lazy import _as_note, _check_timeout, _resolve_md, call_llm
+from soulmem_torch.forget.lazy import (
+    DEFAULT_LLM_TIMEOUT_S,
+    _as_note,
+    _check_timeout,
+    _resolve_md,
+    call_llm,
+    max_reply_chars,
+)
 from soulmem_torch.model import ConceptType, SemMemory
 from soulmem_torch.model.serde import to_float32
 
@@ -176,7 +184,6 @@ def parse_align_response(response: str) -> AlignReply:
     return AlignReply(aliases, description, concept)
 
 
-
 async def align_sem_fields(
     note: Any,
     llm: Callable[[str, str], Any],
@@ -184,7 +191,7 @@ async def align_sem_fields(
     now: datetime | int | None = None,
     missing_degree: float | None = None,
     system_prompt: str | None = None,
-    timeout: float | None = None,
+    timeout: float | None = DEFAULT_LLM_TIMEOUT_S,
     base_half_life_hours: float = DEFAULT_BASE_HALF_LIFE_HOURS,
     active_factor: float = DEFAULT_ACTIVE_FACTOR,
     max_activation_cap: int = DEFAULT_MAX_ACTIVATION_CAP,
@@ -197,14 +204,16 @@ async def align_sem_fields(
         now: aware datetime (or int ns) for the missing degree; ``None`` = the current time.
         missing_degree: use this degree instead of computing it from the note's times.
         system_prompt: replaces :data:`ALIGN_SYSTEM_PROMPT`.
-        timeout: seconds (> 0) the LLM may take; ``None`` = no limit.
+        timeout: seconds (> 0) the LLM may take (default
+            :data:`~soulmem_torch.forget.lazy.DEFAULT_LLM_TIMEOUT_S`); ``None`` = no limit.
         base_half_life_hours, active_factor, max_activation_cap: decay parameters.
 
     Returns:
         :class:`AlignResult`, or ``None`` (without calling the LLM) for a non-Semantic note.
 
     Raises:
-        LLMError: the LLM raised, timed out or returned a non-string; the note is unchanged.
+        LLMError: the LLM raised, timed out, returned a non-string or an over-long reply; the
+            note is unchanged.
         ValidationError: bad ``now``, ``timeout`` or ``missing_degree``.
     """
     note = _as_note(note)
@@ -217,7 +226,9 @@ async def align_sem_fields(
     )
     before = (list(sem.aliases), sem.description, sem.concept_type)
     system, user = build_align_prompt(sem.content, *before, system_prompt)
-    reply_text = await call_llm(llm, system, user, timeout=timeout, require_text=False)
+    reply_text = await call_llm(
+        llm, system, user, timeout=timeout, require_text=False, max_chars=max_reply_chars(user)
+    )
     reply = parse_align_response(reply_text)
 
     capped = to_float32(md) < to_float32(ALIGN_LENGTH_CAP_THRESHOLD)

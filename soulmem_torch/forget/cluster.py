@@ -13,6 +13,16 @@
    (``intensity · R(source note)``) falls below the threshold are removed — the original's older
    "delete weak links" design — and reported.
 
+**All or nothing.** Steps 2–4 work on private copies of the notes' texts; nothing the caller
+holds is touched until everything is computed. Then one commit step — synchronous (no
+``await``, so a ``task.cancel()`` cannot land inside it), under the cluster's lock, with SIGINT
+deferred to its end — writes every new text, every new embedding, the pruned links, and marks
+the notes changed (the cluster's ``version`` moves on). Cancelling :func:`forget_cluster`
+(``task.cancel()``, Ctrl-C, an LLM raising ``KeyboardInterrupt`` / ``SystemExit``) before that
+step leaves every note untouched; after it, every note is fully updated. If re-embedding fails,
+nothing is written (``ForgetReport.written`` is ``False``): a new text never sits beside its
+stale embedding.
+
 The input is duck-typed: any iterable of ``MemoryNote`` / ``EmbeddedMemoryNote``, or a
 ``MemoryCluster``. The cluster-specific parts sit behind :class:`ClusterAdapter`:
 ``set_embedding(id, embedding)``, ``mark_changed(id)``, ``links()`` and ``remove_link(link_id)``
@@ -24,8 +34,12 @@ and links are read from / removed on the owning note's ``mem_links``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
+import signal
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -45,6 +59,7 @@ from soulmem_torch.forget.decay import (
     to_epoch_ns,
 )
 from soulmem_torch.forget.lazy import (
+    DEFAULT_LLM_TIMEOUT_S,
     MASK_THRESHOLD,
     ForgetAction,
     MaskOnly,
@@ -52,6 +67,7 @@ from soulmem_torch.forget.lazy import (
     Revised,
     get_summary,
     lazy_forget,
+    set_summary,
 )
 from soulmem_torch.forget.mask import resolve_tokenizer
 from soulmem_torch.model import SemMemory
@@ -93,10 +109,10 @@ class ForgetConfig(BaseModel):
     )
     concurrency: int = Field(8, ge=1, description="At most this many notes in flight at once.")
     timeout: float | None = Field(
-        None,
+        DEFAULT_LLM_TIMEOUT_S,
         gt=0,
         allow_inf_nan=False,
-        description="Seconds one LLM call may take; None = no limit.",
+        description="Seconds one LLM call may take (default 60); None = no limit.",
     )
     system_prompt: str | None = Field(
         None, description="Replaces the default reconstruction system message."
@@ -170,6 +186,8 @@ class ForgetReport:
         embeddings: note id → new embedding (also stored through the adapter where possible).
         aligned: ids of notes whose fields alignment changed.
         pruned: removed links.
+        written: whether the results were written (``False`` when re-embedding failed: then
+            no note, embedding or link was changed).
         elapsed_s: wall time of the whole run.
     """
 
@@ -181,6 +199,7 @@ class ForgetReport:
     embeddings: dict[Any, Any] = field(default_factory=dict)
     aligned: list[Any] = field(default_factory=list)
     pruned: list[PrunedLink] = field(default_factory=list)
+    written: bool = True
     elapsed_s: float = 0.0
 
     @property
@@ -211,12 +230,15 @@ class ForgetReport:
     def summary(self) -> str:
         """One line for logs and the CLI."""
         c = self.counts
-        return (
+        line = (
             f"{self.total} notes ({self.eligible} eligible): {c['Revised']} revised, "
             f"{c['MaskOnly']} masked only, {c['NoAction']} unchanged; "
             f"{len(self.failures)} failures, {len(self.reembedded)} re-embedded, "
             f"{len(self.pruned)} links pruned in {self.elapsed_s:.2f} s"
         )
+        if not self.written:
+            line += "; nothing written (re-embedding failed)"
+        return line
 
 
 # -------------------------------------------------------------------------------------------
@@ -284,6 +306,101 @@ class ClusterAdapter:
             return
         owner = self.notes[self.index[link.from_]]
         owner.mem_links = [lk for lk in owner.mem_links if lk.id != link.id]
+
+    def locked(self) -> contextlib.AbstractContextManager[Any]:
+        """The cluster's own lock when it has one (readers never see a half commit)."""
+        lock = getattr(self.source, "_lock", None)
+        if lock is not None and hasattr(lock, "__enter__"):
+            return lock  # type: ignore[no-any-return]
+        return contextlib.nullcontext()
+
+    def present(self, i: int) -> bool:
+        """Whether note ``i`` is still in a cluster source (always True for plain notes)."""
+        if not self._is_cluster or not hasattr(self.source, "__contains__"):
+            return True
+        return self.notes[i].id in self.source  # type: ignore[operator]
+
+    def commit(
+        self,
+        changed: list[int],
+        copies: dict[int, Any],
+        embeddings: dict[int, Any],
+        prune: list[LinkRef],
+    ) -> None:
+        """Writes computed results in one synchronous step (see the module docs).
+
+        New embeddings are stored first, restored on any error (so a bad embedding leaves
+        everything as it was); then the texts (and aligned Semantic fields) are copied over,
+        the notes marked changed and the links removed -- plain attribute writes that do not
+        fail.
+        """
+        done: list[tuple[int, Any]] = []
+        try:
+            for i, embedding in embeddings.items():
+                before = getattr(self.items[i], "embedding", None)
+                if self.set_embedding(i, embedding):
+                    done.append((i, before))
+        except BaseException:
+            for i, before in reversed(done):
+                self.set_embedding(i, before)
+            raise
+        for i in changed:
+            _copy_text(self.notes[i], copies[i])
+            self.mark_changed(i)
+        for link in prune:
+            self.remove_link(link)
+
+
+def _working_copy(note: Any) -> Any:
+    """A copy of ``note`` whose ``mem_type`` (the only part forgetting edits) is private."""
+    mem_type = copy.deepcopy(note.mem_type)
+    model_copy = getattr(note, "model_copy", None)
+    if callable(model_copy):
+        return model_copy(update={"mem_type": mem_type})
+    twin = copy.copy(note)
+    twin.mem_type = mem_type
+    return twin
+
+
+def _copy_text(note: Any, work: Any) -> None:
+    """Copies what forgetting changes (the summary; a Semantic note's aligned fields)."""
+    set_summary(note, get_summary(work))
+    src, dst = work.mem_type, note.mem_type
+    if isinstance(src, SemMemory) and isinstance(dst, SemMemory):
+        if dst.aliases != src.aliases:
+            dst.aliases = list(src.aliases)
+        if dst.description != src.description:
+            dst.description = src.description
+        if dst.concept_type != src.concept_type:
+            dst.concept_type = src.concept_type
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Holds a SIGINT that arrives inside the block and delivers it at the block's end.
+
+    Only in the main thread (where Python runs signal handlers); elsewhere a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[tuple[int, Any]] = []
+    try:
+        previous = signal.signal(
+            signal.SIGINT, lambda signum, frame: received.append((signum, frame))
+        )
+    except (ValueError, OSError):  # pragma: no cover - not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            if callable(previous):
+                previous(*received[0])
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
 
 
 def _default_embed_notes() -> Callable[[list[Any], Any], list[Any]]:
@@ -360,9 +477,10 @@ async def forget_cluster(
 
     bar = tqdm(total=len(todo), desc="forget", unit="note", disable=not progress, leave=False)
     pending = iter(todo)
+    copies: dict[int, Any] = {}  # private working copies: the caller's notes stay untouched
 
     async def forget_one(i: int) -> None:
-        note = notes[i]
+        note = _working_copy(notes[i])
         try:
             action = await lazy_forget(
                 note,
@@ -378,6 +496,7 @@ async def forget_cluster(
             report.failures.append(ForgetFailure(note.id, "forget", f"{type(exc).__name__}: {exc}"))
             return
         actions[i] = action
+        copies[i] = note
         if isinstance(action, MaskOnly) and action.llm_error is not None:
             report.failures.append(ForgetFailure(note.id, "llm", action.llm_error))
         if cfg.align and isinstance(action, Revised) and isinstance(note.mem_type, SemMemory):
@@ -410,28 +529,45 @@ async def forget_cluster(
     # completion order depends on the LLM's latency; report in note order instead
     report.failures.sort(key=lambda f: adapter.index.get(f.note_id, len(notes)))
     report.aligned.sort(key=adapter.index.__getitem__)
-    for i, action in enumerate(actions):
-        if isinstance(action, (MaskOnly, Revised)):
-            adapter.mark_changed(i)
+    changed = [i for i, a in enumerate(actions) if isinstance(a, (MaskOnly, Revised))]
 
-    if embedder is not None and cfg.reembed:
-        await _reembed(adapter, report, embedder)
-    if cfg.prune_below is not None:
-        _prune(adapter, report, cfg.prune_below, create_ns, counts, now_ns, decay_kw)
+    embeddings: dict[int, Any] = {}
+    if embedder is not None and cfg.reembed and changed:
+        embedded = await _reembed([copies[i] for i in changed], report, embedder)
+        if embedded is None:
+            report.written = False
+            report.elapsed_s = time.perf_counter() - start
+            return report
+        embeddings = dict(zip(changed, embedded))
+    prune = (
+        _prune_plan(adapter, report, cfg.prune_below, create_ns, counts, now_ns, decay_kw)
+        if cfg.prune_below is not None
+        else []
+    )
+
+    # The commit: no await from here on, so a task.cancel() cannot split it.
+    with _sigint_deferred(), adapter.locked():
+        gone = [i for i in changed if not adapter.present(i)]
+        for i in gone:
+            report.failures.append(
+                ForgetFailure(notes[i].id, "forget", "the note was removed during forgetting")
+            )
+            report.actions.pop(notes[i].id, None)
+            embeddings.pop(i, None)
+        if gone:
+            changed = [i for i in changed if i not in set(gone)]
+            prune = [lk for lk in prune if adapter.present(adapter.index[lk.from_])]
+        adapter.commit(changed, copies, embeddings, prune)
+    for i, embedding in embeddings.items():
+        report.embeddings[notes[i].id] = embedding
+        report.reembedded.append(notes[i].id)
     report.elapsed_s = time.perf_counter() - start
     return report
 
 
-async def _reembed(adapter: ClusterAdapter, report: ForgetReport, embedder: Any) -> None:
-    changed = [
-        adapter.index[note_id]
-        for note_id, action in report.actions.items()
-        if isinstance(action, (MaskOnly, Revised))
-    ]
-    if not changed:
-        return
-    changed.sort()
-    batch = [adapter.notes[i] for i in changed]
+async def _reembed(batch: list[Any], report: ForgetReport, embedder: Any) -> list[Any] | None:
+    """Embeddings of the changed notes (one batched call in a worker thread); ``None`` (and
+    an ``"embed"`` failure in the report) when it failed."""
     try:
         embed_notes = _default_embed_notes()
         embeddings = await asyncio.to_thread(embed_notes, batch, embedder)
@@ -441,15 +577,11 @@ async def _reembed(adapter: ClusterAdapter, report: ForgetReport, embedder: Any)
             )
     except Exception as exc:
         report.failures.append(ForgetFailure(None, "embed", f"{type(exc).__name__}: {exc}"))
-        return
-    for i, embedding in zip(changed, embeddings):
-        note_id = adapter.notes[i].id
-        adapter.set_embedding(i, embedding)
-        report.embeddings[note_id] = embedding
-        report.reembedded.append(note_id)
+        return None
+    return list(embeddings)
 
 
-def _prune(
+def _prune_plan(
     adapter: ClusterAdapter,
     report: ForgetReport,
     threshold: float,
@@ -457,19 +589,22 @@ def _prune(
     counts: Any,
     now_ns: int,
     decay_kw: dict[str, Any],
-) -> None:
+) -> list[LinkRef]:
+    """The links to remove (reported in ``report.pruned``); removed by the commit step."""
     import torch
 
     links = [lk for lk in adapter.links() if lk.from_ in adapter.index]
     if not links:
-        return
+        return []
     src = torch.tensor([adapter.index[lk.from_] for lk in links], dtype=torch.int64)
     edge_index = torch.stack([src, src])
     intensity = torch.tensor([lk.intensity for lk in links], dtype=torch.float64)
     decayed = edge_decay_intensity_batch(
         intensity, edge_index, create_ns, counts, now=now_ns, **decay_kw
     ).tolist()
+    plan = []
     for link, value in zip(links, decayed):
         if value < threshold:
-            adapter.remove_link(link)
+            plan.append(link)
             report.pruned.append(PrunedLink(link.id, link.from_, link.to, link.intensity, value))
+    return plan
