@@ -475,7 +475,7 @@ async def forget_cluster(
             todo.append(i)
     report.eligible = len(todo)
 
-    bar = tqdm(total=len(todo), desc="forget", unit="note", disable=not progress, leave=False)
+    bar = tqdm(total=len(todo), desc="forget", unit="note", disable=not progress, leave=True)
     pending = iter(todo)
     copies: dict[int, Any] = {}  # private working copies: the caller's notes stay untouched
 
