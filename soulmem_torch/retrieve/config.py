@@ -55,7 +55,10 @@ AUTO_SEQUENTIAL_MAX_NODES = 4096
 class PprMethod(str, Enum):
     """How association runs PPR.
 
-    * ``auto`` (the default) — ``sequential`` for a graph on the CPU with at most
+    * ``power`` (the default) — batched weighted power iteration to a certified L1 tolerance
+      (``power_tol``): the exact PPR of the same weights and dangling rule, one sparse product
+      per step for the whole batch, on every device and size.
+    * ``auto`` — ``sequential`` for a graph on the CPU with at most
       ``AUTO_SEQUENTIAL_MAX_NODES`` (4096) notes, where it is cheap (milliseconds per query) and
       gives the original's numbers exactly; otherwise ``power``. The choice depends only on the
       graph and its device, never on the batch, so a query scores the same in any batch.
@@ -64,8 +67,6 @@ class PprMethod(str, Enum):
     * ``push`` — batched vectorized forward push with the original's per-node rules: differs from
       ``sequential`` only within the residue threshold's error on small graphs; on large graphs
       the drop rule (the original's too) loses a lot of mass.
-    * ``power`` — batched weighted power iteration to a certified L1 tolerance (``power_tol``):
-      the exact PPR of the same weights and dangling rule; the method for large graphs and GPUs.
     """
 
     AUTO = "auto"
@@ -118,7 +119,10 @@ class AssociationConfig(BaseModel):
     residue_threshold: float = Field(default=1e-5, gt=0.0, allow_inf_nan=False)
     preference: TypePreference = TypePreference.SITUATION
     top_k: int = Field(default=8, ge=1)
-    method: PprMethod = Field(default=PprMethod.AUTO, description="See PprMethod.")
+    method: PprMethod = Field(
+        default=PprMethod.POWER,
+        description="See PprMethod; 'sequential' reproduces the original's numbers bit for bit.",
+    )
     power_tol: float = Field(
         default=1e-9, gt=0.0, lt=1.0, description="L1 tolerance of the power method."
     )
@@ -187,9 +191,7 @@ class AssociateWithActionConfig(BaseModel):
     """``AssociateWithAction``: association, then Bayes actions from the situations found."""
 
     model_config = _FROZEN
-    type: Literal["AssociateWithAction"] = Field(
-        default="AssociateWithAction", repr=False
-    )
+    type: Literal["AssociateWithAction"] = Field(default="AssociateWithAction", repr=False)
     association: AssociationConfig = Field(default_factory=AssociationConfig)
     action_top_k: int = Field(default=3, ge=1)
     abstract_source_priority: float = Field(default=2.0, ge=0.0, allow_inf_nan=False)
@@ -201,6 +203,10 @@ class AssociateWithActionConfig(BaseModel):
         from soulmem_torch.retrieve.assoc_with_action import AssociateWithActionRequest
 
         return AssociateWithActionRequest(working_memory, list(source), self, device)
+
+
+FusionChannel = Literal["similarity", "text", "graph"]
+"""A channel of the rank fusion (see :mod:`soulmem_torch.functional.fusion`)."""
 
 
 class DefaultPipelineConfig(BaseModel):
@@ -221,12 +227,29 @@ class DefaultPipelineConfig(BaseModel):
         default_factory=lambda: ShortOnlyConfig(include_summary=True)
     )
     similarity: SimilarityConfig = Field(default_factory=SimilarityConfig)
-    assoc_with_action: AssociateWithActionConfig = Field(
-        default_factory=AssociateWithActionConfig
-    )
+    assoc_with_action: AssociateWithActionConfig = Field(default_factory=AssociateWithActionConfig)
     merge_top_k: int = Field(default=10, ge=1, description="Length of the merged list.")
     fusion: Literal["rank", "max"] = Field(
-        default="max", description="How the stages' scores become one list (see the class)."
+        default="rank", description="How the stages' scores become one list (see the class)."
+    )
+    channels: tuple[FusionChannel, ...] = Field(
+        default=("similarity", "text", "graph"),
+        min_length=1,
+        description="Channels the rank fusion reads (switch one off to see what it adds).",
+    )
+    rank_constant: float = Field(
+        default=5.0,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="k of reciprocal-rank fusion, Σ 1/(k + rank): how fast a channel's say "
+        "falls with rank (larger → flatter).",
+    )
+    seed_ratio: float = Field(
+        default=0.9,
+        ge=0.0,
+        le=1.0,
+        description="PPR seeds: notes whose structured score is at least this fraction of the "
+        "query's best (at most similarity.max_results of them).",
     )
 
     @classmethod

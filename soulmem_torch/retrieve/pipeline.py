@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
+from soulmem_torch.functional.fusion import rank_fusion, relative_seeds
 from soulmem_torch.functional.similarity import BlendWeights
 from soulmem_torch.model import MemoryId
-from soulmem_torch.retrieve._engine import topk_lists
+from soulmem_torch.retrieve._engine import topk_lists, topk_mask
 from soulmem_torch.retrieve._request import graph_of, run_grouped
 from soulmem_torch.retrieve.assoc_with_action import associate_with_action
 from soulmem_torch.retrieve.config import DefaultPipelineConfig
@@ -20,6 +21,7 @@ from soulmem_torch.retrieve.similarity import (
     similarity_scores,
     threshold_mask,
 )
+from soulmem_torch.retrieve.text import text_scores
 
 __all__ = ["DefaultPipelineRequest", "DefaultPipelineResult", "RetrDefaultPipeline"]
 
@@ -73,7 +75,13 @@ class RetrDefaultPipeline:
 
         def key(rg: tuple[DefaultPipelineRequest, Any]) -> Any:
             r, g = rg
-            return (id(g), r.config, id(r.embedder), r.weights, isinstance(r.query, (str, torch.Tensor)))
+            return (
+                id(g),
+                r.config,
+                id(r.embedder),
+                r.weights,
+                isinstance(r.query, (str, torch.Tensor)),
+            )
 
         return run_grouped(resolved, key=key, run=self._run)
 
@@ -85,28 +93,52 @@ class RetrDefaultPipeline:
             RetrShortOnly().retrieve(config.short_mem_with_history.into_request(r.working_memory))
             for r, _ in group
         ]
+        queries = [r.query for r, _ in group]
         sim = similarity_scores(
             graph,
             first.working_memory,
-            [r.query for r, _ in group],
+            queries,
             embedder=first.embedder,
             weights=effective_weights(first.weights, config.similarity),
         )  # (B, N) float32
-        keep = threshold_mask(sim, config.similarity.similarity_threshold)
-        scores_t, keep_t = sim.T.contiguous(), keep.T.contiguous()
-        from soulmem_torch.retrieve._engine import topk_mask
-
-        selected = topk_mask(scores_t, keep_t, config.similarity.max_results)  # (N, B)
-        seeds = topk_lists(graph, scores_t, selected, config.similarity.max_results, as_float32=True)
-        weights = torch.where(selected, scores_t.to(torch.float64), torch.zeros_like(scores_t, dtype=torch.float64))
+        sim_cfg = config.similarity
+        keep = threshold_mask(sim, sim_cfg.similarity_threshold)
+        if config.fusion == "rank":
+            chosen = relative_seeds(
+                torch.where(keep, sim, torch.zeros_like(sim)),
+                ratio=config.seed_ratio,
+                max_seeds=sim_cfg.max_results,
+                threshold=sim_cfg.similarity_threshold,
+            ).T.contiguous()  # (N, B)
+        else:
+            chosen = topk_mask(sim.T.contiguous(), keep.T.contiguous(), sim_cfg.max_results)
+        scores_t = sim.T.contiguous()
+        seeds = topk_lists(graph, scores_t, chosen, sim_cfg.max_results, as_float32=True)
+        weights = torch.where(chosen, scores_t.to(torch.float64), 0.0)
         _, actions, ppr, ppr_selected = associate_with_action(
-            graph, weights, selected, config.assoc_with_action
+            graph, weights, chosen, config.assoc_with_action
         )
-        neg_inf = torch.full_like(ppr, float("-inf"))
-        merged = torch.maximum(
-            torch.where(selected, weights, neg_inf), torch.where(ppr_selected, ppr, neg_inf)
-        )
-        association = topk_lists(graph, merged, selected | ppr_selected, config.merge_top_k)
+        if config.fusion == "rank":
+            channels = {
+                "similarity": torch.where(keep, sim, torch.zeros_like(sim)),
+                "graph": ppr.T,
+            }
+            if "text" in config.channels:
+                channels["text"] = text_scores(graph, first.working_memory, queries)
+            used = [channels[c] for c in config.channels]
+            fused = rank_fusion(used, k=config.rank_constant)
+            present = torch.zeros_like(fused, dtype=torch.bool)
+            for c in used:
+                present |= torch.isfinite(c) & (c > 0)
+            association = topk_lists(
+                graph, fused.T.contiguous(), present.T.contiguous(), config.merge_top_k
+            )
+        else:
+            neg_inf = torch.full_like(ppr, float("-inf"))
+            merged = torch.maximum(
+                torch.where(chosen, weights, neg_inf), torch.where(ppr_selected, ppr, neg_inf)
+            )
+            association = topk_lists(graph, merged, chosen | ppr_selected, config.merge_top_k)
         return [
             DefaultPipelineResult(
                 association=association[j],

@@ -53,14 +53,23 @@ def test_auto_method_is_exact_on_small_cpu_graphs_and_power_elsewhere() -> None:
     assert resolve_method(PprMethod.PUSH, num_nodes=34, device=cpu) is PprMethod.PUSH
 
 
-def test_default_association_equals_the_sequential_oracle() -> None:
+def test_default_association_is_the_power_method_near_the_sequential_oracle() -> None:
     from soulmem_torch.retrieve import AssociationConfig, RetrAssociation
+    from soulmem_torch.retrieve.config import PprMethod
     from tests.retrieve.helpers import small_world
 
+    assert AssociationConfig().method is PprMethod.POWER
     wm, names = small_world()
     src = [(names["cafe"], 0.7), (names["rainy"], 0.4)]
     default = RetrAssociation().retrieve(AssociationConfig(top_k=7).into_request(wm, src))
+    auto = RetrAssociation().retrieve(
+        AssociationConfig(top_k=7, method="auto").into_request(wm, src)
+    )
     oracle = RetrAssociation().retrieve(
         AssociationConfig(top_k=7, method="sequential").into_request(wm, src)
     )
-    assert default == oracle  # bit for bit
+    assert auto == oracle  # bit for bit
+    got, want = dict(default), dict(oracle)
+    assert set(got) == set(want)
+    for mid, score in want.items():  # the push stops within its residue threshold (1e-5)
+        assert got[mid] == pytest.approx(score, abs=1e-4)

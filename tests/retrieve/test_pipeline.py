@@ -67,7 +67,8 @@ def test_similarity_needs_an_embedder(congyu) -> None:
 
 def test_pipeline_follows_its_stages(congyu) -> None:
     wm, _, embedder = congyu
-    config = DefaultPipelineConfig(similarity=SimilarityConfig(similarity_threshold=0.2, max_results=4))
+    sim = SimilarityConfig(similarity_threshold=0.2, max_results=4, situation_units="sum")
+    config = DefaultPipelineConfig.original().model_copy(update={"similarity": sim})
     q = _queries()[1]
     result = RetrDefaultPipeline().retrieve(config.into_request(wm, q, 7, embedder=embedder))
     seeds = RetrSimilarity().retrieve(config.similarity.into_request(wm, q, embedder=embedder))

@@ -1,0 +1,244 @@
+"""Rank fusion of retrieval channels, relative seed selection and BM25 text scores (pure torch).
+
+The default pipeline (``DefaultPipelineConfig(fusion="rank")``) ranks a memory's notes for a
+query by three channels, each a score row per query:
+
+* **similarity** — the structured score of SPEC §4 (it only sees notes of the query's kind);
+* **text** — BM25 over the whole note's text (every kind; :func:`bm25_note_weights` +
+  :func:`bm25_scores`);
+* **graph** — Personalized PageRank from the seeds (:func:`relative_seeds`).
+
+and fuses them by reciprocal rank (:func:`reciprocal_rank`, :func:`rank_fusion`): a note's score
+is ``Σ_c 1 / (k + rank_c)``. Ranks are scale-free, so channels with unlike score scales (cosines,
+BM25 sums, PPR mass) mix without fitted weights; a channel that has nothing to say about a note
+(score 0) puts every such note in one tie block at the block's mean rank.
+
+Interface (every function follows its inputs' device; nothing here loops over queries or notes):
+
+==============================  ===============================================================
+argument                        meaning
+==============================  ===============================================================
+``scores``                      (B, N) float. One row per query, one column per note.
+``mask``                        (B, N) bool or None. Which columns are real notes of the row's
+                                memory (False: padding, e.g. another agent's notes in a padded
+                                per-agent candidate row); masked entries score 0 and never count.
+``tf``                          sparse COO (N, V). Term counts of each note.
+``segment``                     (N,) int64 or None. Which memory each note belongs to, for a
+                                disjoint union of memories: BM25's document frequencies and
+                                average length are computed per segment, so each memory scores
+                                exactly as on its own.
+==============================  ===============================================================
+
+Statistics are per memory: IDF and the average note length come from one memory's notes (or
+from one segment of a disjoint union), never from a global corpus.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from soulmem_torch.errors import ValidationError
+
+__all__ = [
+    "BM25_B",
+    "BM25_K1",
+    "bm25_note_weights",
+    "bm25_scores",
+    "rank_fusion",
+    "reciprocal_rank",
+    "relative_seeds",
+]
+
+BM25_K1 = 1.2
+"""BM25 term-frequency saturation (the usual Robertson / Lucene default)."""
+BM25_B = 0.75
+"""BM25 length normalization (the usual Robertson / Lucene default)."""
+
+
+def _mask_of(scores: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return torch.ones_like(scores, dtype=torch.bool)
+    if mask.shape != scores.shape:
+        raise ValidationError(
+            f"mask: expected shape {tuple(scores.shape)}, found {tuple(mask.shape)}"
+        )
+    return mask.to(torch.bool)
+
+
+def reciprocal_rank(scores: Tensor, *, k: float, mask: Tensor | None = None) -> Tensor:
+    """``1 / (k + rank)`` per entry of each row; rank 1 = the row's highest positive score.
+
+    Positive scores are ranked in descending order (equal scores: lower column first — the
+    order every list of this library keeps). Entries ``<= 0`` or non-finite carry no evidence:
+    they form one tie block ranked after the positives, each at the block's mean rank
+    ``n_pos + (n_rest + 1) / 2`` (fractional ranking). Masked entries give 0 and are not counted.
+
+    Args:
+        scores: shape (B, N), float.
+        k: > 0. Rank smoothing: larger k flattens the differences between ranks.
+        mask: shape (B, N) bool or None (all real).
+
+    Returns:
+        (B, N) float64 in ``[0, 1 / (k + 1)]``.
+    """
+    if not k > 0:
+        raise ValidationError(f"k: expected a number > 0, found {k!r}")
+    real = _mask_of(scores, mask)
+    s = scores.to(torch.float64)
+    positive = real & torch.isfinite(s) & (s > 0)
+    key = torch.where(positive, s, torch.full_like(s, float("-inf")))
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    arange = torch.arange(1, s.shape[1] + 1, device=s.device).expand_as(order)
+    rank.scatter_(1, order, arange.contiguous())
+    n_pos = positive.sum(dim=1, keepdim=True).to(torch.float64)
+    n_rest = real.sum(dim=1, keepdim=True).to(torch.float64) - n_pos
+    block = n_pos + (n_rest + 1.0) / 2.0
+    rr = torch.where(positive, 1.0 / (k + rank.to(torch.float64)), 1.0 / (k + block))
+    return torch.where(real, rr, torch.zeros_like(rr))
+
+
+def rank_fusion(
+    channels: list[Tensor] | tuple[Tensor, ...], *, k: float, mask: Tensor | None = None
+) -> Tensor:
+    """Reciprocal-rank fusion: ``Σ_c reciprocal_rank(channels[c])``, shape (B, N) float64.
+
+    Args:
+        channels: each (B, N) float, the same shape. An empty sequence is an error.
+        k: > 0. See :func:`reciprocal_rank`.
+        mask: (B, N) bool or None.
+    """
+    if not channels:
+        raise ValidationError("channels: expected at least one (B, N) score tensor, found none")
+    shape = channels[0].shape
+    for i, c in enumerate(channels):
+        if c.dim() != 2 or c.shape != shape:
+            raise ValidationError(
+                f"channels[{i}]: expected shape {tuple(shape)} (2-D), found {tuple(c.shape)}"
+            )
+    total = reciprocal_rank(channels[0], k=k, mask=mask)
+    for c in channels[1:]:
+        total = total + reciprocal_rank(c, k=k, mask=mask)
+    return total
+
+
+def relative_seeds(
+    scores: Tensor,
+    *,
+    ratio: float,
+    max_seeds: int,
+    threshold: float = 0.0,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """Seeds of each row: scores ``>= ratio · row max``, ``>= threshold`` and ``> 0``, at most
+    ``max_seeds`` of them (the highest; equal scores: lower column first).
+
+    A relative cut is scale-free: a query whose best match stands out gets one seed and leaves
+    room for association; a query with several equally good matches seeds them all.
+
+    Args:
+        scores: shape (B, N), float.
+        ratio: in [0, 1]. 1 keeps only the best (and its exact ties).
+        max_seeds: >= 1.
+        threshold: absolute floor (the similarity config's ``similarity_threshold``).
+        mask: (B, N) bool or None.
+
+    Returns:
+        (B, N) bool.
+    """
+    if not 0.0 <= ratio <= 1.0:
+        raise ValidationError(f"ratio: expected a number in [0, 1], found {ratio!r}")
+    if max_seeds < 1:
+        raise ValidationError(f"max_seeds: expected an integer >= 1, found {max_seeds!r}")
+    real = _mask_of(scores, mask)
+    ok = real & torch.isfinite(scores) & (scores > 0) & (scores >= threshold)
+    key = torch.where(ok, scores, torch.full_like(scores, float("-inf")))
+    if scores.shape[1] == 0:
+        return ok
+    best = key.max(dim=1, keepdim=True).values
+    ok = ok & (key >= best * ratio)
+    m = min(int(max_seeds), scores.shape[1])
+    if m < scores.shape[1]:
+        order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :m]
+        top = torch.zeros_like(ok)
+        top.scatter_(1, order, True)
+        ok = ok & top
+    return ok
+
+
+def bm25_note_weights(
+    tf: Tensor,
+    *,
+    segment: Tensor | None = None,
+    k1: float = BM25_K1,
+    b: float = BM25_B,
+) -> Tensor:
+    """BM25 weight of every (note, term) of a term-count matrix, per memory.
+
+    ``w(d, t) = idf(t) · tf (k1 + 1) / (tf + k1 (1 − b + b · |d| / avgdl))`` with
+    ``idf(t) = ln(1 + (n − df + 0.5) / (df + 0.5))`` (always positive), ``n`` the number of notes,
+    ``df`` the notes containing t and ``avgdl`` the mean note length — all counted within the
+    note's own segment.
+
+    Args:
+        tf: sparse COO (N, V), term counts >= 0.
+        segment: (N,) int64 segment id of each note, or None (one memory).
+        k1: >= 0. b: in [0, 1].
+
+    Returns:
+        Sparse COO (N, V) float64, coalesced.
+    """
+    if not tf.is_sparse or tf.dim() != 2:
+        raise ValidationError(f"tf: expected a 2-D sparse COO tensor, found layout {tf.layout}")
+    tf = tf.coalesce()
+    n, v = tf.shape
+    rows, cols = tf.indices()
+    vals = tf.values().to(torch.float64)
+    device = vals.device
+    seg = (
+        torch.zeros(n, dtype=torch.int64, device=device)
+        if segment is None
+        else segment.to(device=device, dtype=torch.int64)
+    )
+    if seg.shape != (n,):
+        raise ValidationError(f"segment: expected shape ({n},), found {tuple(seg.shape)}")
+    num_seg = int(seg.max()) + 1 if n else 0
+    notes_per_seg = torch.zeros(num_seg, dtype=torch.float64, device=device)
+    notes_per_seg.index_add_(0, seg, torch.ones(n, dtype=torch.float64, device=device))
+    length = torch.zeros(n, dtype=torch.float64, device=device).index_add_(0, rows, vals)
+    seg_len = torch.zeros(num_seg, dtype=torch.float64, device=device).index_add_(0, seg, length)
+    avgdl = seg_len / notes_per_seg.clamp(min=1.0)
+    # document frequency of each (segment, term): entries are unique per (note, term)
+    entry_seg = seg[rows]
+    df_key = entry_seg * v + cols
+    uniq, inverse = torch.unique(df_key, return_inverse=True)
+    df = torch.zeros(uniq.shape[0], dtype=torch.float64, device=device)
+    df.index_add_(0, inverse, torch.ones_like(vals))
+    df_entry = df[inverse]
+    n_entry = notes_per_seg[entry_seg]
+    idf = torch.log1p((n_entry - df_entry + 0.5) / (df_entry + 0.5))
+    avg = avgdl[entry_seg]
+    norm = torch.where(avg > 0, length[rows] / torch.where(avg > 0, avg, 1.0), 1.0)
+    w = idf * vals * (k1 + 1.0) / (vals + k1 * (1.0 - b + b * norm))
+    return torch.sparse_coo_tensor(tf.indices(), w, (n, v), check_invariants=False).coalesce()
+
+
+def bm25_scores(query_terms: Tensor, note_weights: Tensor) -> Tensor:
+    """BM25 score of every (query, note): ``Σ_t q(t) · w(note, t)``, shape (B, N) float64.
+
+    Args:
+        query_terms: (B, V) float, dense or sparse: 1 for each distinct query term (or counts).
+        note_weights: sparse COO (N, V) from :func:`bm25_note_weights`.
+    """
+    if query_terms.dim() != 2 or query_terms.shape[1] != note_weights.shape[1]:
+        raise ValidationError(
+            f"query_terms: expected shape (B, {note_weights.shape[1]}), "
+            f"found {tuple(query_terms.shape)}"
+        )
+    q = query_terms.to_dense() if query_terms.is_sparse else query_terms
+    q = q.to(torch.float64)
+    if note_weights.shape[0] == 0 or q.shape[0] == 0:
+        return q.new_zeros(q.shape[0], note_weights.shape[0])
+    # (N, V) sparse @ (V, B) dense -> (N, B)
+    return torch.sparse.mm(note_weights, q.T.contiguous()).T.contiguous()

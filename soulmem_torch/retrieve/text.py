@@ -1,0 +1,163 @@
+"""The text channel of the fused pipeline: whole-note BM25 over character-bigram terms.
+
+Every note kind (concepts, situations, actions) is one document: all of its strings (content,
+aliases, description, narrative, names, roles, atmospheres, actions, …; not its tags or enum
+variant names). A query is the set of its strings' terms. Terms (:func:`text_terms`): NFKC +
+casefold; inside a run of CJK characters the character bigrams (a one-character run: the
+character); other text: its words. Bigrams are the usual index unit for Chinese / Japanese
+without a dictionary, and need no model and no download.
+
+The note-term matrix and its BM25 weights (IDF and average length of *this* memory's notes) are
+built once per graph snapshot and cached on it (:func:`text_index`); queries are turned into a
+``(B, V)`` term matrix and scored by one sparse product
+(:func:`soulmem_torch.functional.fusion.bm25_scores`).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from soulmem_torch.functional.fusion import bm25_note_weights, bm25_scores
+
+if TYPE_CHECKING:
+    from soulmem_torch.graph import MemoryGraph
+    from soulmem_torch.model import MemoryNote
+
+__all__ = ["TextIndex", "note_strings", "query_strings", "text_index", "text_scores", "text_terms"]
+
+_RUNS = re.compile(
+    r"(?P<cjk>[\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+    r"\U00020000-\U0003134f]+)|(?P<word>[^\W_]+)"
+)
+_SKIP_KEYS = frozenset({"concept_type", "action_type", "time_span"})
+
+
+def text_terms(text: str) -> list[str]:
+    """Terms of a text: CJK character bigrams (a lone CJK character as itself), other words."""
+    norm = unicodedata.normalize("NFKC", text).casefold()
+    out: list[str] = []
+    for match in _RUNS.finditer(norm):
+        run = match.group("cjk")
+        if run is None:
+            out.append(match.group("word"))
+        elif len(run) == 1:
+            out.append(run)
+        else:
+            out.extend(run[i : i + 2] for i in range(len(run) - 1))
+    return out
+
+
+def _strings(obj: Any, out: list[str]) -> list[str]:
+    if isinstance(obj, str):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            if key not in _SKIP_KEYS:
+                _strings(value, out)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            _strings(value, out)
+    return out
+
+
+def note_strings(note: MemoryNote) -> list[str]:
+    """Every string of a note's content (not its tags, ids, times or enum variant names)."""
+    return _strings(note.mem_type.model_dump(mode="json"), [])
+
+
+def query_strings(query: Any) -> list[str]:
+    """Every string of a structured query's variant (not its tags); a text query is itself."""
+    if isinstance(query, str):
+        return [query]
+    variant = getattr(query, "variant", None)
+    if variant is None:
+        return []
+    return _strings(variant.model_dump(mode="json"), [])
+
+
+@dataclass(frozen=True)
+class TextIndex:
+    """BM25 weights of one memory's notes: ``vocab`` term → column, ``weights`` sparse (N, V)."""
+
+    vocab: dict[str, int]
+    weights: Tensor
+
+    def query_terms(self, queries: Sequence[Iterable[str]], *, device: torch.device) -> Tensor:
+        """(B, V) float64: 1 for each distinct known term of each query's strings."""
+        rows: list[int] = []
+        cols: list[int] = []
+        for j, strings in enumerate(queries):
+            seen = {self.vocab[t] for s in strings for t in text_terms(s) if t in self.vocab}
+            rows.extend([j] * len(seen))
+            cols.extend(seen)
+        out = torch.zeros(len(queries), len(self.vocab), dtype=torch.float64)
+        if rows:
+            out[torch.tensor(rows), torch.tensor(cols)] = 1.0
+        return out.to(device)
+
+
+def build_text_index(notes: Sequence[MemoryNote], *, device: torch.device) -> TextIndex:
+    """The BM25 index of a memory's notes (in graph order)."""
+    vocab: dict[str, int] = {}
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    for i, note in enumerate(notes):
+        counts: dict[int, int] = {}
+        for s in note_strings(note):
+            for t in text_terms(s):
+                c = vocab.setdefault(t, len(vocab))
+                counts[c] = counts.get(c, 0) + 1
+        rows.extend([i] * len(counts))
+        cols.extend(counts)
+        vals.extend(float(v) for v in counts.values())
+    tf = torch.sparse_coo_tensor(
+        torch.tensor([rows, cols], dtype=torch.int64).reshape(2, -1),
+        torch.tensor(vals, dtype=torch.float64),
+        (len(notes), len(vocab)),
+        check_invariants=True,
+    )
+    return TextIndex(vocab, bm25_note_weights(tf).to(device))
+
+
+def _notes_of(memory: Any) -> list[Any] | None:
+    cluster = getattr(memory, "cluster", memory)
+    notes = getattr(cluster, "notes", None)
+    return list(notes()) if callable(notes) else None
+
+
+def text_index(graph: MemoryGraph, memory: Any) -> TextIndex | None:
+    """The snapshot's text index, built once and cached; None when the notes are unknown (a bare
+    ``MemoryGraph`` was passed) — the text channel then has nothing to say."""
+    key = "text_index"
+    if key not in graph.cache:
+        notes = _notes_of(memory)
+        if notes is None or len(notes) != int(graph.num_nodes):
+            graph.cache[key] = None
+        else:
+            by_id = {n.id: n for n in notes}
+            ordered = [by_id.get(i) for i in graph.ids]
+            graph.cache[key] = (
+                None
+                if any(n is None for n in ordered)
+                else build_text_index(ordered, device=graph.device)
+            )
+    return graph.cache[key]
+
+
+def text_scores(graph: MemoryGraph, memory: Any, queries: Sequence[Any]) -> Tensor:
+    """BM25 of B queries (structured or text) against every note: (B, N) float64, zeros when
+    the memory has no text index."""
+    n = int(graph.num_nodes)
+    index = text_index(graph, memory)
+    if index is None or not index.vocab:
+        return torch.zeros(len(queries), n, dtype=torch.float64, device=graph.device)
+    terms = index.query_terms([query_strings(q) for q in queries], device=graph.device)
+    return bm25_scores(terms, index.weights)
