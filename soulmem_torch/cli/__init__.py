@@ -3,10 +3,12 @@
 Commands (``soulmem COMMAND --help`` for every flag)::
 
     soulmem demo   [--days N] [--top N] [--window N] [--show N] [--device D]
-    soulmem query  STORE [TEXT] [--file Q] [--config C] [--top N] [--json] [--device D]
+    soulmem query  STORE [TEXT ...] [--file Q] [--config C] [--top N] [--json] [--device D]
+    soulmem add    STORE (--semantic T | --situation N | --action T | --notes FILE|-) [...]
     soulmem import FILE [STORE | --store STORE] [--format auto|serde|graph] [--replace]
     soulmem export STORE FILE [--format serde|graph]
-    soulmem eval   SUITE.json [--graph PATH] [--config C] [--cases] [--json] [--device D]
+    soulmem eval   SUITE.json [--graph PATH] [--config C] [--cases] [--json] [--ablation]
+                   [--device D]
     soulmem forget STORE (--now TIME | --days N) (--llm MOD:FUNC | --fake | --mask-only)
                    [--concurrency N] [--timeout S] [--dry-run] [--show N] [--json]
 
@@ -48,7 +50,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 
-from soulmem_torch.cli import demo, export, forget, import_, query, schema
+from soulmem_torch.cli import add, demo, export, forget, import_, query, schema
 from soulmem_torch.cli import eval as eval_
 from soulmem_torch.cli._errors import (
     EXIT_INTERRUPTED,
@@ -62,6 +64,7 @@ from soulmem_torch.cli._errors import (
     _Parser,
     _UsageError,
 )
+from soulmem_torch.cli.add import cmd_add
 from soulmem_torch.cli.demo import cmd_demo
 from soulmem_torch.cli.eval import cmd_eval
 from soulmem_torch.cli.export import cmd_export
@@ -78,6 +81,7 @@ __all__ = [
     "EXIT_USAGE",
     "CLIError",
     "build_parser",
+    "cmd_add",
     "cmd_demo",
     "cmd_eval",
     "cmd_export",
@@ -89,7 +93,7 @@ __all__ = [
 ]
 
 #: The command modules, in ``--help`` order; each has ``add_parser(sub)``.
-COMMANDS = [demo, query, import_, export, schema, eval_, forget]
+COMMANDS = [demo, query, add, import_, export, schema, eval_, forget]
 
 _EPILOG = """\
 exit status: 0 ok, 1 runtime error (missing/corrupt file, bad config, failing LLM, ...),

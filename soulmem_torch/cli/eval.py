@@ -24,6 +24,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     config = _load_pipeline_config(args.config)
     device = _resolve_device(args.device)
+    if args.ablation:
+        return _ablation(args, config, device)
     t0 = time.perf_counter()
     report = evaluate_suite_file(args.suite, graph_path=args.graph, pipeline=config, device=device)
     elapsed = time.perf_counter() - t0
@@ -52,6 +54,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _ablation(args: argparse.Namespace, config: Any, device: Any) -> int:
+    """``--ablation``: one row per configuration (see ``retrieve.evaluation.ablation_configs``)."""
+    from soulmem_torch.retrieve.evaluation import format_ablation, run_ablation
+
+    t0 = time.perf_counter()
+    rows = run_ablation(args.suite, graph_path=args.graph, base=config, device=device)
+    elapsed = time.perf_counter() - t0
+    if args.json:
+        out = {
+            "suite": rows[0][1].name if rows else None,
+            "rows": [{"configuration": label, "summary": r.summary()} for label, r in rows],
+            "elapsed_s": elapsed,
+        }
+        print(json.dumps(out, ensure_ascii=False, indent=2))
+        return EXIT_OK
+    _emit(format_ablation(rows).splitlines())
+    _info(args, f"({len(rows)} configurations in {elapsed:.2f} s)")
+    return EXIT_OK
+
+
 def add_parser(sub: Any) -> None:
     """Registers ``soulmem eval``."""
     common = common_parent()
@@ -69,4 +91,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--graph", metavar="PATH", help="graph file (overrides graph_path)")
     p.add_argument("--cases", action="store_true", help="also one line per case")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.add_argument(
+        "--ablation",
+        action="store_true",
+        help="one table: the original pipeline, similarity only, the original merge with "
+        "association, the fused default and the default without each of its channels",
+    )
     p.set_defaults(func=cmd_eval)

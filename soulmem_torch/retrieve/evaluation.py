@@ -225,7 +225,9 @@ def run_suite(
             found = {i for acts in actions for i, _ in acts}
             action_hit = any(a in found for a in case.expected_actions)
         report.cases.append(
-            CaseReport(case.name, passed, combined, combined_metrics, per_query, actions, action_hit)
+            CaseReport(
+                case.name, passed, combined, combined_metrics, per_query, actions, action_hit
+            )
         )
     return report
 
@@ -234,9 +236,7 @@ def format_report(report: SuiteReport, *, per_case: bool = False) -> str:
     """A plain-text metric table (and optionally one line per case)."""
     s = report.summary()
     lines = [f"suite: {report.name}  cases: {len(report.cases)}  pass rate: {s['pass_rate']:.3f}"]
-    header = ["", "MRR", "Hit"] + [
-        f"{m}@{k}" for k in report.k_values for m in ("R", "P", "nDCG")
-    ]
+    header = ["", "MRR", "Hit"] + [f"{m}@{k}" for k in report.k_values for m in ("R", "P", "nDCG")]
     rows = []
     for prefix, label in (("q", "per sub-query"), ("c", "combined")):
         if f"{prefix}_mrr" not in s:
@@ -259,15 +259,10 @@ def format_report(report: SuiteReport, *, per_case: bool = False) -> str:
     return "\n".join(lines)
 
 
-def evaluate_suite_file(
-    path: str | Path,
-    *,
-    embedder: Any = None,
-    graph_path: str | Path | None = None,
-    pipeline: DefaultPipelineConfig | None = None,
-    device: Any = None,
-) -> SuiteReport:
-    """Loads a suite and its graph (``graph_path`` relative to the suite), embeds, runs."""
+def _load_suite_memory(
+    path: str | Path, *, embedder: Any, graph_path: str | Path | None
+) -> tuple[RetrievalSuite, Any, dict[MemoryId, str], Any]:
+    """(suite, working memory, readable ids, embedder) of a suite file and its graph."""
     from soulmem_torch.embedding import HashingEmbedder, embed_notes
     from soulmem_torch.model.soul_tune import load_soul_tune_graph
     from soulmem_torch.runtime import WorkingMemory
@@ -284,9 +279,96 @@ def evaluate_suite_file(
     embeddings = embed_notes(graph.notes, embedder)
     wm = WorkingMemory()
     wm.add_nodes(graph.notes, embeddings)
-    return run_suite(
-        suite, wm, graph.readable_ids, embedder=embedder, pipeline=pipeline, device=device
+    return suite, wm, graph.readable_ids, embedder
+
+
+def evaluate_suite_file(
+    path: str | Path,
+    *,
+    embedder: Any = None,
+    graph_path: str | Path | None = None,
+    pipeline: DefaultPipelineConfig | None = None,
+    device: Any = None,
+) -> SuiteReport:
+    """Loads a suite and its graph (``graph_path`` relative to the suite), embeds, runs."""
+    suite, wm, readable, embedder = _load_suite_memory(
+        path, embedder=embedder, graph_path=graph_path
     )
+    return run_suite(suite, wm, readable, embedder=embedder, pipeline=pipeline, device=device)
 
 
-__all__ += ["evaluate_suite_file", "format_report"]
+def ablation_configs(
+    base: DefaultPipelineConfig | None = None,
+) -> list[tuple[str, DefaultPipelineConfig]]:
+    """The rows of an ablation: the original pipeline, similarity only, the original merge of
+    similarity and association, the rank-fused default and the default without each channel.
+
+    ``base`` (default: ``DefaultPipelineConfig()``) supplies everything but the fusion and its
+    channels.
+    """
+    base = base or DefaultPipelineConfig()
+    rank = base.model_copy(update={"fusion": "rank"})
+    rows: list[tuple[str, DefaultPipelineConfig]] = [
+        ("original pipeline (.original())", DefaultPipelineConfig.original()),
+        ("similarity only", rank.model_copy(update={"channels": ("similarity",)})),
+        ("+ association, original merge", base.model_copy(update={"fusion": "max"})),
+        ("default: similarity + text + graph", rank),
+    ]
+    for channel in ("similarity", "text", "graph"):
+        kept = tuple(c for c in ("similarity", "text", "graph") if c != channel)
+        rows.append((f"  default without {channel}", rank.model_copy(update={"channels": kept})))
+    return rows
+
+
+def run_ablation(
+    path: str | Path,
+    *,
+    embedder: Any = None,
+    graph_path: str | Path | None = None,
+    base: DefaultPipelineConfig | None = None,
+    device: Any = None,
+) -> list[tuple[str, SuiteReport]]:
+    """Runs a suite once per :func:`ablation_configs` row (the memory is embedded once)."""
+    suite, wm, readable, embedder = _load_suite_memory(
+        path, embedder=embedder, graph_path=graph_path
+    )
+    return [
+        (label, run_suite(suite, wm, readable, embedder=embedder, pipeline=cfg, device=device))
+        for label, cfg in ablation_configs(base)
+    ]
+
+
+def format_ablation(rows: list[tuple[str, SuiteReport]]) -> str:
+    """One table: a row per configuration with the headline metrics (sq = per sub-query, cb =
+    combined, as :func:`format_report` prints them)."""
+    if not rows:
+        return ""
+    k_max = max(rows[0][1].k_values)
+    header = [
+        "configuration", "sq MRR", "sq Hit", "cb MRR", f"cb R@{k_max}",
+        f"cb nDCG@{k_max}", "pass", "action",
+    ]  # fmt: skip
+    keys = ("q_mrr", "q_hit", "c_mrr", f"c_recall@{k_max}", f"c_ndcg@{k_max}", "pass_rate")
+    table = [header]
+    for label, report in rows:
+        s = report.summary()
+        table.append(
+            [
+                label,
+                *(f"{s[key]:.3f}" if key in s else "-" for key in (*keys, "action_hit")),
+            ]
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = [f"suite: {rows[0][1].name}  cases: {len(rows[0][1].cases)}"]
+    for r in table:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return "\n".join(lines)
+
+
+__all__ += [
+    "ablation_configs",
+    "evaluate_suite_file",
+    "format_ablation",
+    "format_report",
+    "run_ablation",
+]

@@ -137,18 +137,17 @@ def text_index(graph: MemoryGraph, memory: Any) -> TextIndex | None:
     """The snapshot's text index, built once and cached; None when the notes are unknown (a bare
     ``MemoryGraph`` was passed) — the text channel then has nothing to say."""
     key = "text_index"
-    if key not in graph.cache:
-        notes = _notes_of(memory)
-        if notes is None or len(notes) != int(graph.num_nodes):
-            graph.cache[key] = None
-        else:
-            by_id = {n.id: n for n in notes}
-            ordered = [by_id.get(i) for i in graph.ids]
-            graph.cache[key] = (
-                None
-                if any(n is None for n in ordered)
-                else build_text_index(ordered, device=graph.device)
-            )
+    cached = graph.cache.get(key)
+    if cached is not None:
+        return cached
+    notes = _notes_of(memory)
+    if notes is None or len(notes) != int(graph.num_nodes):
+        return None  # not cached: another caller may pass the memory with its notes
+    by_id = {n.id: n for n in notes}
+    ordered = [by_id.get(i) for i in graph.ids]
+    if any(n is None for n in ordered):
+        return None
+    graph.cache[key] = build_text_index(ordered, device=graph.device)
     return graph.cache[key]
 
 

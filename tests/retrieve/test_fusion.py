@@ -1,0 +1,279 @@
+"""Rank fusion, relative seeds, BM25 and the fused default pipeline (hand-worked references)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from soulmem_torch.embedding import HashingEmbedder, embed_notes
+from soulmem_torch.errors import SoulMemError, ValidationError
+from soulmem_torch.functional.fusion import (
+    bm25_note_weights,
+    bm25_scores,
+    rank_fusion,
+    reciprocal_rank,
+    relative_seeds,
+)
+from soulmem_torch.model.query import MemoryRetrieveQuery
+from soulmem_torch.retrieve import (
+    AssociationConfig,
+    DefaultPipelineConfig,
+    RetrAssociation,
+    RetrDefaultPipeline,
+    SimilarityConfig,
+)
+from soulmem_torch.retrieve.config import PprMethod
+from soulmem_torch.retrieve.evaluation import (
+    ablation_configs,
+    evaluate_suite_file,
+    format_ablation,
+    load_suite,
+)
+from soulmem_torch.retrieve.text import text_scores, text_terms
+from tests.conftest import fixture_path
+from tests.retrieve.helpers import small_world
+
+
+# ---- reciprocal rank ------------------------------------------------------------------------
+def test_reciprocal_rank_by_hand(device: torch.device) -> None:
+    s = torch.tensor([[0.9, 0.0, 0.5, 0.0]], device=device)
+    got = reciprocal_rank(s, k=1.0)
+    # positives rank 1 and 2; the two zeros tie at mean rank 2 + (2 + 1) / 2 = 3.5
+    want = torch.tensor([[1 / 2, 1 / 4.5, 1 / 3, 1 / 4.5]], dtype=torch.float64)
+    torch.testing.assert_close(got.cpu(), want)
+    mask = torch.tensor([[True, True, True, False]], device=device)
+    got = reciprocal_rank(s, k=1.0, mask=mask)  # one zero left: rank 3
+    torch.testing.assert_close(got.cpu(), torch.tensor([[1 / 2, 1 / 4, 1 / 3, 0.0]]).double())
+
+
+def test_reciprocal_rank_ties_nan_and_errors(device: torch.device) -> None:
+    s = torch.tensor([[0.5, 0.5, float("nan"), -1.0]], device=device)
+    got = reciprocal_rank(s, k=2.0).cpu()
+    # equal scores: lower column first; NaN and negatives carry no evidence (mean rank 3.5)
+    assert got[0].tolist() == pytest.approx([1 / 3, 1 / 4, 1 / 5.5, 1 / 5.5])
+    with pytest.raises(ValidationError, match="k: expected"):
+        reciprocal_rank(s, k=0.0)
+    with pytest.raises(ValidationError, match="mask"):
+        reciprocal_rank(s, k=1.0, mask=torch.ones(2, 4, dtype=torch.bool, device=device))
+    assert reciprocal_rank(torch.zeros(3, 0), k=1.0).shape == (3, 0)
+
+
+def test_rank_fusion_sums_channels(device: torch.device) -> None:
+    a = torch.tensor([[3.0, 2.0, 1.0]], device=device)
+    b = torch.tensor([[0.0, 1.0, 2.0]], device=device)
+    got = rank_fusion([a, b], k=1.0).cpu()
+    # a ranks 1,2,3; b ranks col2=1, col1=2, col0 alone in the zero block at rank 3
+    want = [1 / 2 + 1 / 4, 1 / 3 + 1 / 3, 1 / 4 + 1 / 2]
+    assert got[0].tolist() == pytest.approx(want)
+    with pytest.raises(ValidationError, match="at least one"):
+        rank_fusion([], k=1.0)
+    with pytest.raises(ValidationError, match=r"channels\[1\]"):
+        rank_fusion([a, b[:, :2]], k=1.0)
+
+
+def test_relative_seeds(device: torch.device) -> None:
+    s = torch.tensor(
+        [[1.0, 0.95, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0], [0.2, 0.2, 0.19, 0.0]], device=device
+    )
+    got = relative_seeds(s, ratio=0.9, max_seeds=10).cpu()
+    assert got.tolist() == [
+        [True, True, False, False],
+        [False, False, False, False],  # nothing scored: no seed
+        [True, True, True, False],
+    ]
+    assert relative_seeds(s, ratio=0.9, max_seeds=1).cpu()[0].tolist() == [
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert relative_seeds(s, ratio=0.9, max_seeds=2, threshold=0.97).cpu()[0].tolist() == [
+        True, False, False, False,
+    ]  # fmt: skip
+    with pytest.raises(ValidationError, match="ratio"):
+        relative_seeds(s, ratio=1.5, max_seeds=2)
+    with pytest.raises(ValidationError, match="max_seeds"):
+        relative_seeds(s, ratio=0.5, max_seeds=0)
+
+
+# ---- BM25 -----------------------------------------------------------------------------------
+def _bm25_ref(tf: list[list[float]], q: list[float], k1: float = 1.2, b: float = 0.75) -> list:
+    n = len(tf)
+    lengths = [sum(row) for row in tf]
+    avg = sum(lengths) / n
+    out = []
+    for d, row in enumerate(tf):
+        total = 0.0
+        for t, c in enumerate(row):
+            if c == 0 or q[t] == 0:
+                continue
+            df = sum(1 for r in tf if r[t] > 0)
+            idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+            total += q[t] * idf * c * (k1 + 1) / (c + k1 * (1 - b + b * lengths[d] / avg))
+        out.append(total)
+    return out
+
+
+def test_bm25_matches_the_formula(device: torch.device) -> None:
+    tf = [[1.0, 0.0, 2.0], [1.0, 1.0, 0.0], [0.0, 3.0, 1.0]]
+    w = bm25_note_weights(torch.tensor(tf).to_sparse().to(device))
+    q = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]], device=device)
+    got = bm25_scores(q, w).cpu()
+    assert got.shape == (2, 3) and got.dtype == torch.float64
+    assert got[0].tolist() == pytest.approx(_bm25_ref(tf, [1, 0, 1]))
+    assert got[1].tolist() == pytest.approx(_bm25_ref(tf, [0, 1, 0]))
+
+
+def test_bm25_segments_score_each_memory_as_on_its_own(device: torch.device) -> None:
+    a = [[1.0, 0.0, 2.0], [1.0, 1.0, 0.0]]
+    b = [[0.0, 3.0, 1.0], [2.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
+    union = torch.tensor(a + b).to_sparse().to(device)
+    segment = torch.tensor([0, 0, 1, 1, 1], device=device)
+    q = torch.tensor([[1.0, 1.0, 0.0]], device=device)
+    got = bm25_scores(q, bm25_note_weights(union, segment=segment)).cpu()[0].tolist()
+    assert got[:2] == pytest.approx(_bm25_ref(a, [1, 1, 0]))
+    assert got[2:] == pytest.approx(_bm25_ref(b, [1, 1, 0]))
+    with pytest.raises(ValidationError, match="sparse"):
+        bm25_note_weights(torch.ones(2, 2, device=device))
+    with pytest.raises(ValidationError, match="query_terms"):
+        bm25_scores(torch.ones(1, 2, device=device), bm25_note_weights(union))
+
+
+def test_text_terms() -> None:
+    assert text_terms("桂花糕") == ["桂花", "花糕"]
+    assert text_terms("Rainy café, 雨") == ["rainy", "café", "雨"]
+    assert text_terms("") == []
+
+
+# ---- the fused pipeline ---------------------------------------------------------------------
+def test_config_shape_and_original() -> None:
+    default = DefaultPipelineConfig()
+    assert default.fusion == "rank"
+    assert default.channels == ("similarity", "text", "graph")
+    assert default.assoc_with_action.association.method is PprMethod.POWER
+    original = DefaultPipelineConfig.original()
+    assert original.fusion == "max"
+    assert original.similarity.situation_units == "sum"
+    assert original.assoc_with_action.association.method is PprMethod.SEQUENTIAL
+    with pytest.raises(ValueError):
+        DefaultPipelineConfig(channels=())
+    with pytest.raises(ValueError):
+        DefaultPipelineConfig(channels=("words",))
+    with pytest.raises(ValueError):
+        DefaultPipelineConfig(rank_constant=0.0)
+    assert issubclass(ValidationError, SoulMemError)
+
+
+def _plain_world() -> tuple:
+    wm, names = small_world()
+    embedder = HashingEmbedder()
+    notes = wm.cluster.notes()
+    for note, emb in zip(notes, embed_notes(notes, embedder)):
+        wm.cluster.set_embedding(note.id, emb)
+    return wm, names, embedder
+
+
+def test_fused_pipeline_is_the_sum_of_its_channels_ranks(device: torch.device) -> None:
+    wm, names, embedder = _plain_world()
+    config = DefaultPipelineConfig(similarity=SimilarityConfig(similarity_threshold=0.0))
+    q = MemoryRetrieveQuery.semantic([{"concept_identifier": "cafe", "description": "cafe"}])
+    got = RetrDefaultPipeline().retrieve(
+        config.into_request(wm, q, embedder=embedder, device=device)
+    )
+    graph = wm.graph()
+    ids = graph.ids
+    # the stages by hand: similarity, text, PPR from the relative seeds
+    from soulmem_torch.retrieve.similarity import similarity_scores
+
+    sim = similarity_scores(graph, wm, [q], embedder=embedder)[0].double()
+    seeds = [(ids[i], float(sim[i])) for i in range(len(ids)) if sim[i] >= 0.9 * sim.max()]
+    assert got.seeds == [(i, pytest.approx(s)) for i, s in seeds]
+    ppr = dict(
+        RetrAssociation().retrieve(AssociationConfig(top_k=len(ids)).into_request(wm, seeds))
+    )
+    text = text_scores(graph, wm, [q])[0]
+    channels = [sim, text, torch.tensor([ppr.get(i, 0.0) for i in ids], dtype=torch.float64)]
+
+    def rr(x: torch.Tensor) -> list[float]:
+        pos = [i for i in range(len(x)) if x[i] > 0]
+        order = sorted(pos, key=lambda i: (-float(x[i]), i))
+        block = len(pos) + (len(x) - len(pos) + 1) / 2
+        return [
+            1 / (5 + order.index(i) + 1) if i in pos else 1 / (5 + block) for i in range(len(x))
+        ]
+
+    fused = [sum(v) for v in zip(*(rr(c) for c in channels))]
+    present = [i for i in range(len(ids)) if any(float(c[i]) > 0 for c in channels)]
+    want = sorted(present, key=lambda i: (-fused[i], i))[:10]
+    assert [i for i, _ in got.association] == [ids[i] for i in want]
+    assert [s for _, s in got.association] == pytest.approx([fused[i] for i in want])
+    assert got.association[0][0] == names["cafe"]
+
+
+def _sample() -> tuple:
+    from soulmem_torch.api import SoulMem
+    from soulmem_torch.data import sample_memory_path, sample_queries_path
+
+    mem = SoulMem.from_graph_file(sample_memory_path())
+    suite = load_suite(sample_queries_path())
+    queries = [sq.query() for case in suite.test_cases for sq in case.sub_queries]
+    return mem, queries
+
+
+def test_batch_of_one_equals_batch_of_256() -> None:
+    mem, queries = _sample()
+    batch = [queries[i % len(queries)] for i in range(256)]
+    many = mem.query(batch)
+    for j in (0, 7, 100, 255):
+        one = mem.query([batch[j]])[0]
+        assert one.association == many[j].association
+        assert one.action == many[j].action
+        # float32 similarity matmuls may differ in the last bit between batch shapes (BLAS)
+        assert [i for i, _ in one.seeds] == [i for i, _ in many[j].seeds]
+        assert [x for _, x in one.seeds] == pytest.approx([x for _, x in many[j].seeds], rel=1e-6)
+
+
+def test_fused_pipeline_on_device(device: torch.device) -> None:
+    mem, queries = _sample()
+    cpu = mem.query(queries[:6])
+    mem.device = device
+    dev = mem.query(queries[:6])
+    for a, b in zip(cpu, dev):
+        assert [i for i, _ in a.association] == [i for i, _ in b.association]
+        assert [s for _, s in a.association] == pytest.approx([s for _, s in b.association])
+
+
+def test_text_channel_is_silent_on_a_bare_graph() -> None:
+    wm, _, _ = _plain_world()
+    graph = wm.graph()
+    q = MemoryRetrieveQuery.semantic([{"concept_identifier": "cafe"}])
+    assert text_scores(graph, graph, [q]).abs().sum() == 0  # a bare snapshot has no texts
+    assert text_scores(graph, wm, [q]).max() > 0
+
+
+# ---- suites ---------------------------------------------------------------------------------
+def test_original_configuration_reproduces_the_original_numbers() -> None:
+    path = fixture_path("soul_tune", "congyu", "question.json")
+    s = evaluate_suite_file(path, pipeline=DefaultPipelineConfig.original()).summary()
+    assert s["q_mrr"] == pytest.approx(0.885, abs=0.001)
+    assert s["c_recall@5"] == pytest.approx(0.522, abs=0.001)
+    assert s["pass_rate"] == 1.0
+
+
+def test_fused_default_beats_the_original_on_congyu() -> None:
+    s = evaluate_suite_file(fixture_path("soul_tune", "congyu", "question.json")).summary()
+    assert s["q_mrr"] >= 0.90 and s["q_hit"] >= 0.98
+    assert s["c_recall@5"] >= 0.68  # the original: 0.522
+    assert s["pass_rate"] == 1.0
+
+
+def test_ablation_rows() -> None:
+    rows = ablation_configs()
+    labels = [label for label, _ in rows]
+    assert labels[0].startswith("original") and "default without text" in labels[-2]
+    assert rows[0][1] == DefaultPipelineConfig.original()
+    assert rows[3][1] == DefaultPipelineConfig()
+    assert all(cfg.channels for _, cfg in rows)
+    assert format_ablation([]) == ""
