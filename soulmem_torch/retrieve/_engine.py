@@ -7,6 +7,7 @@ and back to ids once on the way out.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +33,11 @@ from soulmem_torch.retrieve.config import (
 )
 
 __all__ = [
+    "BATCH_BYTES_PER_NOTE",
+    "DEFAULT_MAX_BATCH_BYTES",
+    "batch_chunk_size",
     "edge_weights",
+    "max_batch_bytes",
     "resolve_device",
     "resolve_method",
     "run_association",
@@ -44,6 +49,52 @@ __all__ = [
 ]
 
 Source = Sequence[tuple[MemoryId, float]]
+
+DEFAULT_MAX_BATCH_BYTES: int = 512 * 2**20
+"""Working-memory budget of one batched call (512 MiB) unless ``SOULMEM_MAX_BATCH_BYTES`` says
+otherwise: the strategies split a large batch into chunks that fit it (see
+:func:`batch_chunk_size`)."""
+BATCH_BYTES_PER_NOTE: int = 192
+"""Bytes one query needs per note while a strategy runs (about 24 float64 ``(N,)`` columns:
+personalization, iterates, scores, masks and top-k buffers of every stage)."""
+
+
+def max_batch_bytes() -> int:
+    """The batch memory budget: env ``SOULMEM_MAX_BATCH_BYTES`` (an integer number of bytes,
+    > 0), else :data:`DEFAULT_MAX_BATCH_BYTES`.
+
+    Raises:
+        ValidationError: the variable is set but not a positive integer.
+    """
+    raw = os.environ.get("SOULMEM_MAX_BATCH_BYTES")
+    if raw is None or not raw.strip():
+        return DEFAULT_MAX_BATCH_BYTES
+    try:
+        value = int(raw.strip().replace("_", ""))
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValidationError(
+            f"SOULMEM_MAX_BATCH_BYTES: expected a positive integer number of bytes, found {raw!r}"
+        )
+    return value
+
+
+def batch_chunk_size(num_nodes: int, batch: int, *, budget: int | None = None) -> int:
+    """How many of ``batch`` queries on a ``num_nodes``-note memory run at once.
+
+    ``budget // (num_nodes * BATCH_BYTES_PER_NOTE)``, clamped to ``[1, batch]``: a call's extra
+    memory stays ``O(num_nodes x chunk)`` whatever the batch size. Columns never interact, so
+    results are identical for any chunk size.
+
+    Args:
+        num_nodes: >= 0. Notes in the memory.
+        batch: >= 0. Queries in the call.
+        budget: bytes; ``None`` = :func:`max_batch_bytes`.
+    """
+    budget = max_batch_bytes() if budget is None else int(budget)
+    per_query = max(int(num_nodes), 1) * BATCH_BYTES_PER_NOTE
+    return max(1, min(int(batch), budget // per_query))
 
 
 def resolve_device(device: torch.device | str | None) -> torch.device:
@@ -172,11 +223,11 @@ def run_association(
     n = int(graph.num_nodes)
     b = weights.shape[1]
     ok = keys.any(dim=0) & (weights.sum(dim=0) > 0)
-    out = torch.zeros(n, b, dtype=torch.float64, device=weights.device)
     if n == 0 or not bool(ok.any()):
-        return out, ok
+        return torch.zeros(n, b, dtype=torch.float64, device=weights.device), ok
+    every = bool(ok.all())  # the usual case: no (N, B) copies of the inputs or the result
     cols = ok.nonzero().reshape(-1)
-    p, k = weights[:, cols], keys[:, cols]
+    p, k = (weights, keys) if every else (weights[:, cols], keys[:, cols])
     damping, threshold = config.damping_factor, config.residue_threshold
     method = resolve_method(config.method, num_nodes=n, device=weights.device)
     if method is PprMethod.SEQUENTIAL:
@@ -205,9 +256,12 @@ def run_association(
             dtype=torch.float32 if config.power_dtype == "float32" else torch.float64,
             local=config.power_local,
         )
-    out[:, cols] = res
     ok = ok.clone()
     ok[cols] = res.sum(dim=0) > 0
+    if every:
+        return res, ok
+    out = torch.zeros(n, b, dtype=torch.float64, device=weights.device)
+    out[:, cols] = res
     return out, ok
 
 
