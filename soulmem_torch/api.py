@@ -100,6 +100,9 @@ class SoulMem:
         self.device = device
         self.working_memory = WorkingMemory(window_capacity=window_capacity, llm=llm)
         self.readable_ids: dict[MemoryId, str] = {}
+        self.reembedded: str | None = None
+        """Set by :meth:`load` when the store's vectors came from another embedder."""
+        self._origin: tuple[Path, str | None] | None = None  # (store path, version) read
 
     # -- building ------------------------------------------------------------------------
     @property
@@ -139,35 +142,63 @@ class SoulMem:
         return mem
 
     @classmethod
-    def load(cls, path: str | Path, **kwargs: Any) -> SoulMem:
-        """From a store directory (embeddings re-used when present, else computed)."""
-        from soulmem_torch.embedding import embed_notes
-        from soulmem_torch.store import MemoryStore
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        on_embedder_mismatch: str = "reembed",
+        progress: bool = False,
+        **kwargs: Any,
+    ) -> SoulMem:
+        """From a store directory.
+
+        Stored vectors are reused only when the store's recorded embedder identity matches
+        this memory's embedder; otherwise every note is re-embedded (``on_embedder_mismatch=
+        "reembed"``, the default; a warning names both embedders and :attr:`reembedded` says
+        why) or loading fails (``"refuse"``: ``EmbedderMismatchError``). See
+        :func:`soulmem_torch.store.embeddings_for_embedder`. A later :meth:`save` to the same
+        store fails with ``StoreChangedError`` if another writer saved in between.
+        """
+        from soulmem_torch.store import MemoryStore, embeddings_for_embedder
 
         contents = MemoryStore(path).load()
         mem = cls(**kwargs)
-        embeddings = list(contents.embeddings) if contents.embeddings is not None else None
-        stored_dim = contents.embedding_dim
-        want_dim = getattr(mem.embedder, "dim", None)
-        if embeddings is None or any(e is None for e in embeddings) or (
-            stored_dim is not None and want_dim is not None and stored_dim != want_dim
-        ):
-            embeddings = embed_notes(contents.notes, mem.embedder)
+        embeddings, mem.reembedded = embeddings_for_embedder(
+            contents,
+            mem.embedder,
+            on_mismatch=on_embedder_mismatch,
+            progress=progress,
+            where=str(path),
+        )
         mem.working_memory.add_nodes(contents.notes, embeddings)
         mem.readable_ids.update(contents.readable_ids or {})
+        mem._origin = (Path(path).resolve(), contents.version)
         return mem
 
     def save(self, path: str | Path) -> dict[str, Any]:
-        """Writes notes, embeddings and readable ids to a store directory (atomically)."""
+        """Writes notes, embeddings, readable ids and the embedder's identity to a store
+        directory (atomically, under the store's writer lock).
+
+        Saving back to the store this memory was loaded from fails with ``StoreChangedError``
+        (nothing written) if another writer saved a version in between.
+        """
+        from soulmem_torch.embedding.identity import embedder_identity
         from soulmem_torch.store import MemoryStore
 
         entries = list(self.cluster)
-        return MemoryStore(path).save(
+        store = MemoryStore(path)
+        target = Path(path).resolve()
+        base: Any = self._origin[1] if self._origin and self._origin[0] == target else ...
+        manifest = store.save(
             [e.note for e in entries],
             [e.embedding for e in entries],
             readable_ids=self.readable_ids or None,
             embedder_name=type(self.embedder).__name__,
+            embedder_identity=embedder_identity(self.embedder),
+            base_version=base,
         )
+        self._origin = (target, store.last_version)
+        return manifest
 
     # -- reading -------------------------------------------------------------------------
     def name(self, id: MemoryId) -> str:

@@ -10,7 +10,9 @@ Layout of a store directory::
           pending_links.jsonl         links whose target is not in the store (serde JSON)
           readable_ids.json           {"<uuid>": "sem_x", ...}, only when given
           embeddings.pt               plain tensors (``torch.save``), only if a note has one
-          manifest.json               format version, counts, embedding layout, sha256 per file
+          manifest.json               format version, counts, embedding layout, embedder
+                                      identity, sha256 per file, its own checksum
+      LOCK                            the writers' lock file (an OS lock; empty)
 
 **Atomicity.** :meth:`MemoryStore.save` writes a whole new version into a hidden temporary
 directory (``versions/.tmp-*``), fsyncs every file and the directory, renames it to its final
@@ -18,9 +20,35 @@ name, and only then swaps ``CURRENT`` by writing ``CURRENT.tmp-*`` and ``os.repl
 into place (fsyncing the directory after each rename). A crash or an exception at any point
 before that last rename leaves ``CURRENT`` naming the previous version, which is never
 touched; a half-written version is never named by ``CURRENT``. Older versions are pruned only
-after the swap (``keep_versions``, default 2: the live one and the one before it).
-One writer at a time: the next ``save`` removes a crashed writer's temporary directories and
-any renamed-but-never-committed version.
+after the swap (``keep_versions``, default 2: the live one and the one before it). The next
+``save`` removes a crashed writer's temporary directories and any renamed-but-never-committed
+version.
+
+**One writer at a time.** Every write (:meth:`~MemoryStore.save`, :meth:`~MemoryStore.restore`)
+holds an exclusive OS file lock on ``<root>/LOCK`` (the ``filelock`` library: ``flock`` on
+POSIX, ``LockFileEx`` on Windows). The OS drops the lock when its process dies, so a writer
+killed with ``kill -9`` never leaves a stale lock behind. A writer that must read, change and
+write back (``soulmem import``) holds :meth:`MemoryStore.lock` around all three, so it always
+extends the newest version. A writer that read earlier and saves later passes
+``base_version``: if another writer committed in between, the save fails with
+:class:`StoreChangedError` instead of overwriting that work. Waiting for the lock is bounded
+(``lock_timeout``, default ``$SOULMEM_LOCK_TIMEOUT`` or 600 s; then :class:`StoreLockedError`).
+Readers take no lock: they read ``CURRENT`` once and the immutable version it names; if a
+writer pruned that version meanwhile, :meth:`~MemoryStore.load` re-reads ``CURRENT`` and
+retries, so a reader sees the previous or the new version, never a mix.
+
+**A damaged store is refused, never taken for an empty one.** A ``CURRENT`` that is missing
+while versions exist, unreadable, malformed or naming a version that does not exist raises
+:class:`StoreDamagedError` on load *and* on save — nothing is written or pruned while the
+pointer is unreadable. Recovery: :meth:`MemoryStore.versions` (``soulmem versions STORE``)
+lists every version with its note count, date and whether it verifies;
+:meth:`MemoryStore.restore` (``soulmem restore STORE VERSION``) fully verifies a version and
+points ``CURRENT`` at it. The manifest carries its own checksum (``manifest_sha256``: sha256 of
+its canonical JSON without that key), verified on every load.
+
+**Legacy stores** (written before the manifest checksum and the embedder identity existed)
+load as before: no manifest checksum to verify, and their vectors are trusted when the recorded
+embedder class name and width match (see :mod:`soulmem_torch.embedding.identity`).
 
 **Loading never executes code.** Notes and ids are JSON; embeddings are read with
 ``torch.load(weights_only=True)``. Every file is checked against its size and sha256 in the
@@ -62,16 +90,26 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import filelock
 import pydantic
 import torch
 
 from soulmem_torch import __version__
 from soulmem_torch.embedding.fields import FIELD_INDEX, FIELD_NAMES, MemoryEmbedding
+from soulmem_torch.embedding.identity import (
+    EmbedderIdentity,
+    EmbedderMismatchError,
+    EmbedderMismatchWarning,
+    describe_mismatch,
+    embedder_identity,
+    same_embedder,
+)
 from soulmem_torch.errors import SoulMemError, StoreError, ValidationError
 from soulmem_torch.model._describe import describe_validation_error
 from soulmem_torch.model.ids import LinkId, MemoryId
@@ -81,10 +119,17 @@ from soulmem_torch.model.serde import dumps_serde
 from soulmem_torch.model.timestamp import Timestamp
 
 __all__ = [
+    "DEFAULT_LOCK_TIMEOUT",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MemoryStore",
+    "StoreChangedError",
     "StoreContents",
+    "StoreDamagedError",
+    "StoreLockedError",
+    "VersionInfo",
+    "embeddings_for_embedder",
+    "manifest_checksum",
     "pack_embeddings",
     "unpack_embeddings",
 ]
@@ -100,13 +145,73 @@ NOTES_FILE = "notes.jsonl"
 PENDING_FILE = "pending_links.jsonl"
 READABLE_IDS_FILE = "readable_ids.json"
 EMBEDDINGS_FILE = "embeddings.pt"
+LOCK_FILE = "LOCK"
+MANIFEST_CHECKSUM_KEY = "manifest_sha256"
+
+DEFAULT_LOCK_TIMEOUT = 600.0
+"""Seconds a writer waits for the store lock (overridden by ``$SOULMEM_LOCK_TIMEOUT``)."""
+_LOAD_RETRIES = 5
 
 _TMP_PREFIX = ".tmp-"
 _VERSION_NAME = re.compile(r"^g(\d{6,})-[0-9a-f]{8}$")
 _EMBEDDING_KEYS = ("has_embedding", "tag", "field_mask", "field_values")
 
 
+# ---- errors --------------------------------------------------------------------------------
+class StoreDamagedError(StoreError):
+    """``CURRENT`` is missing, unreadable or dangling while the store has versions: the store
+    is refused (never taken for an empty one) until a version is restored."""
+
+
+class StoreLockedError(StoreError, TimeoutError):
+    """Another writer held the store lock for longer than ``lock_timeout``."""
+
+
+class StoreChangedError(StoreError):
+    """Another writer committed a version after ``base_version`` was read; nothing was saved."""
+
+
+def manifest_checksum(manifest: Mapping[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON (sorted keys, no spaces) without its checksum."""
+    body = {k: v for k, v in manifest.items() if k != MANIFEST_CHECKSUM_KEY}
+    text = json.dumps(body, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return _sha256(text.encode("utf-8"))
+
+
+def _recovery_hint(root: Path) -> str:
+    return (
+        f"nothing was changed; list the versions with `soulmem versions {root}` and make a "
+        f"verified one live with `soulmem restore {root} VERSION` "
+        "(MemoryStore.versions() / MemoryStore.restore())"
+    )
+
+
 # ---- contents ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VersionInfo:
+    """One version directory, as :meth:`MemoryStore.versions` reports it.
+
+    Attributes:
+        name: the directory name (``g000007-1a2b3c4d``).
+        generation: the number in the name.
+        current: whether ``CURRENT`` names it.
+        valid: whether its manifest and every file verify (checksums, sizes).
+        problem: why it does not verify (``None`` when valid).
+        written_at: RFC 3339 time from its manifest (``None`` when unreadable).
+        notes: note count from its manifest (``None`` when unreadable).
+        embedder: the embedder that produced its vectors (``None`` when unknown).
+    """
+
+    name: str
+    generation: int
+    current: bool
+    valid: bool
+    problem: str | None
+    written_at: str | None
+    notes: int | None
+    embedder: str | None
+
+
 @dataclass
 class StoreContents:
     """What :meth:`MemoryStore.load` returns.
@@ -125,6 +230,7 @@ class StoreContents:
     readable_ids: dict[MemoryId, str]
     manifest: dict[str, Any]
     pending_links: list[MemoryLink] = field(default_factory=list)
+    version: str | None = None
 
     @property
     def id_map(self) -> dict[str, MemoryId]:
@@ -135,6 +241,18 @@ class StoreContents:
     def embedder_name(self) -> str | None:
         """The embedder name given at save time (``None`` if unknown)."""
         return self.manifest.get("embedder_name")
+
+    @property
+    def embedder_identity(self) -> EmbedderIdentity | None:
+        """The recorded :class:`~soulmem_torch.embedding.identity.EmbedderIdentity`
+        (``None`` for a legacy store or a store without embeddings)."""
+        data = self.manifest.get("embedder")
+        return None if data is None else EmbedderIdentity.from_json(data)
+
+    @property
+    def legacy(self) -> bool:
+        """True for a store written before manifests were checksummed."""
+        return MANIFEST_CHECKSUM_KEY not in self.manifest
 
     @property
     def embedding_dim(self) -> int | None:
@@ -349,29 +467,103 @@ class MemoryStore:
     Args:
         path: the store directory (created by the first :meth:`save`).
         keep_versions: how many complete versions to keep on disk (≥ 1; the live one counts).
+        lock_timeout: seconds a writer waits for the lock (> 0; ``None`` →
+            ``$SOULMEM_LOCK_TIMEOUT`` or :data:`DEFAULT_LOCK_TIMEOUT`).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, keep_versions: int = 2) -> None:
-        if keep_versions < 1:
-            raise ValidationError(f"keep_versions: expected ≥ 1, found {keep_versions}")
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        keep_versions: int = 2,
+        lock_timeout: float | None = None,
+    ) -> None:
+        if (
+            isinstance(keep_versions, bool)
+            or not isinstance(keep_versions, int)
+            or (keep_versions < 1)
+        ):
+            raise ValidationError(f"keep_versions: expected an int ≥ 1, found {keep_versions!r}")
+        if lock_timeout is None:
+            env = os.environ.get("SOULMEM_LOCK_TIMEOUT")
+            try:
+                lock_timeout = float(env) if env else DEFAULT_LOCK_TIMEOUT
+            except ValueError:
+                raise ValidationError(
+                    f"$SOULMEM_LOCK_TIMEOUT: expected a number of seconds > 0, found {env!r}"
+                ) from None
+        if not (isinstance(lock_timeout, (int, float)) and 0 < lock_timeout < float("inf")):
+            raise ValidationError(
+                f"lock_timeout: expected a finite number of seconds > 0, found {lock_timeout!r}"
+            )
         self.path = Path(path)
         self.keep_versions = int(keep_versions)
+        self.lock_timeout = float(lock_timeout)
+        self.last_version: str | None = None
+        """The version the last :meth:`save` through this object committed."""
 
     def __repr__(self) -> str:
         return f"MemoryStore({str(self.path)!r})"
 
+    # -- locking --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, timeout: float | None = None) -> Iterator[MemoryStore]:
+        """Holds the store's exclusive writer lock (re-entrant within a thread).
+
+        Hold it around read → change → :meth:`save` so the change extends the newest version;
+        :meth:`save` and :meth:`restore` take it themselves. Creates the store directory.
+
+        Raises:
+            StoreLockedError: another writer held it for ``timeout`` seconds (default
+                ``lock_timeout``).
+        """
+        wait = self.lock_timeout if timeout is None else float(timeout)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot create the store directory ({exc})") from None
+        lock_path = self.path / LOCK_FILE
+        # One lock object per path in this process (is_singleton): nested holders re-enter it.
+        file_lock = filelock.FileLock(lock_path, is_singleton=True)
+        try:
+            file_lock.acquire(timeout=wait)
+        except filelock.Timeout:
+            raise StoreLockedError(
+                f"{self.path}: another writer has held {lock_path} for {wait:g} s; try again "
+                "when it has finished (or raise lock_timeout / $SOULMEM_LOCK_TIMEOUT)"
+            ) from None
+        try:
+            yield self
+        finally:
+            file_lock.release()
+
     # -- queries --------------------------------------------------------------------------
     def exists(self) -> bool:
-        """True when ``CURRENT`` names a version directory that has a manifest."""
-        try:
-            return (self._current_dir() / MANIFEST_FILE).is_file()
-        except StoreError:
-            return False
+        """True when there is a store here: a ``CURRENT`` pointer or any version directory.
+
+        A damaged store exists too (its :meth:`load` and :meth:`save` raise
+        :class:`StoreDamagedError`); only an absent one is ``False``.
+        """
+        return (self.path / CURRENT_FILE).exists() or bool(self._version_dirs())
 
     def current_version(self) -> str | None:
-        """The name of the live version directory, or ``None`` if there is no store."""
+        """The name of the live version directory, or ``None`` (no store, or a damaged one)."""
         try:
             return self._current_dir().name
+        except StoreError:
+            return None
+
+    def check(self) -> str | None:
+        """The live version's name; ``None`` when there is no store at all.
+
+        Raises:
+            StoreDamagedError: the pointer is missing, unreadable or dangling while versions
+                exist (with the recovery path in the message).
+        """
+        try:
+            return self._current_dir().name
+        except StoreDamagedError:
+            raise
         except StoreError:
             return None
 
@@ -385,8 +577,10 @@ class MemoryStore:
         *,
         readable_ids: Mapping[MemoryId, str] | Mapping[str, MemoryId] | None = None,
         embedder_name: str | None = None,
+        embedder_identity: EmbedderIdentity | None = None,
+        base_version: str | object | None = ...,
     ) -> dict[str, Any]:
-        """Writes a new version atomically and makes it the live one.
+        """Writes a new version atomically and makes it the live one (under the lock).
 
         Args:
             notes: the notes, in index order. Ids must be unique. Links to notes that are not
@@ -396,14 +590,27 @@ class MemoryStore:
             readable_ids: ``MemoryId → readable id`` (or the inverse map), for notes in the
                 store only.
             embedder_name: recorded in the manifest (e.g. ``"hashing-384"``).
+            embedder_identity: who produced the embeddings (recorded; checked on load by
+                :meth:`soulmem_torch.SoulMem.load`).
+            base_version: the version the caller's data was read from (``None``: an empty
+                store). When given, the save fails with :class:`StoreChangedError` if another
+                version is live by now. Omitted: the save replaces whatever is live.
 
         Returns:
             The manifest that was written.
 
         Raises:
             ValidationError: bad arguments (nothing is written).
+            StoreDamagedError: the store's pointer is unreadable (nothing is written).
+            StoreChangedError: ``base_version`` is no longer live (nothing is written).
+            StoreLockedError: the lock could not be taken in time.
             StoreError: the write failed; the previous version stays live and intact.
         """
+        if embedder_identity is not None and not isinstance(embedder_identity, EmbedderIdentity):
+            raise ValidationError(
+                "embedder_identity: expected an EmbedderIdentity or None, found "
+                f"{type(embedder_identity).__name__}"
+            )
         notes = list(notes)
         note_ids: dict[MemoryId, int] = {}
         for i, note in enumerate(notes):
@@ -430,7 +637,29 @@ class MemoryStore:
         if packed is not None:
             files[EMBEDDINGS_FILE] = _embeddings_bytes(packed[0])
 
-        live = self.current_version()
+        with self.lock():
+            live = self.check()  # a damaged store raises: never written over, never pruned
+            if base_version is not ... and base_version != live:
+                raise StoreChangedError(
+                    f"{self.path}: another writer saved version {live} after this data was "
+                    f"read from {base_version or 'an empty store'}; nothing was saved — load "
+                    "the store again and redo the change"
+                )
+            return self._save_locked(
+                live, notes, packed, ids, pending, files, embedder_name, embedder_identity
+            )
+
+    def _save_locked(
+        self,
+        live: str | None,
+        notes: Sequence[MemoryNote],
+        packed: tuple[dict[str, torch.Tensor], dict[str, Any]] | None,
+        ids: Mapping[MemoryId, str],
+        pending: Sequence[MemoryLink],
+        files: Mapping[str, bytes],
+        embedder_name: str | None,
+        embedder_identity: EmbedderIdentity | None,
+    ) -> dict[str, Any]:
         generation = 1 + max((gen for gen, _ in self._version_dirs()), default=0)
         manifest: dict[str, Any] = {
             "format": FORMAT_NAME,
@@ -447,11 +676,13 @@ class MemoryStore:
             },
             "embedding_dim": None if packed is None else packed[1]["dim"],
             "embedder_name": embedder_name,
+            "embedder": None if embedder_identity is None else embedder_identity.to_json(),
             "embedding": None if packed is None else packed[1],
             "files": {
                 name: {"sha256": _sha256(data), "bytes": len(data)} for name, data in files.items()
             },
         }
+        manifest[MANIFEST_CHECKSUM_KEY] = manifest_checksum(manifest)
         manifest_bytes = (json.dumps(manifest, ensure_ascii=False, indent=1) + "\n").encode()
         try:
             self._commit(generation, files, manifest_bytes, previous=live)
@@ -526,9 +757,8 @@ class MemoryStore:
             _fsync_dir(tmp_dir)
             os.replace(tmp_dir, versions / final_name)
             _fsync_dir(versions)
-            _write_file(tmp_pointer, (final_name + "\n").encode("ascii"))
-            os.replace(tmp_pointer, self.path / CURRENT_FILE)  # the commit point
-            _fsync_dir(self.path)
+            self._write_pointer(final_name, tmp_pointer)  # the commit point
+            self.last_version = final_name
         except BaseException:
             shutil.rmtree(tmp_dir, ignore_errors=True)
             with contextlib.suppress(OSError):
@@ -537,6 +767,107 @@ class MemoryStore:
                 shutil.rmtree(versions / final_name, ignore_errors=True)
             raise
         self._prune(versions, new=final_name, previous=previous)
+
+    def _write_pointer(self, name: str, tmp_pointer: Path | None = None) -> None:
+        """Atomically makes ``CURRENT`` name ``name`` (temporary file, fsync, rename, fsync)."""
+        if tmp_pointer is None:
+            tmp_pointer = self.path / f"{CURRENT_FILE}{_TMP_PREFIX}{uuid.uuid4().hex[:8]}"
+        try:
+            _write_file(tmp_pointer, (name + "\n").encode("ascii"))
+            os.replace(tmp_pointer, self.path / CURRENT_FILE)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp_pointer.unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.path)
+
+    # -- recovery -------------------------------------------------------------------------
+    def versions(self) -> list[VersionInfo]:
+        """Every version directory, oldest first, each verified (manifest and file checksums).
+
+        Works on a damaged store (that is what it is for); reads, never writes.
+        """
+        live = self.current_version()
+        out: list[VersionInfo] = []
+        for gen, name in self._version_dirs():
+            vdir = self.path / VERSIONS_DIR / name
+            manifest: dict[str, Any] | None = None
+            problem: str | None = None
+            try:
+                manifest = self._read_manifest(vdir / MANIFEST_FILE)
+                self._read_verified(vdir, manifest)
+            except StoreError as exc:
+                problem = str(exc)
+            notes = written = embedder = None
+            if manifest is not None:
+                count = manifest["counts"].get("notes")
+                notes = count if isinstance(count, int) else None
+                written = (
+                    manifest.get("written_at")
+                    if isinstance(manifest.get("written_at"), str)
+                    else None
+                )
+                ident = manifest.get("embedder")
+                embedder = (
+                    ident.get("name") if isinstance(ident, dict) else manifest.get("embedder_name")
+                )
+            out.append(
+                VersionInfo(name=name, generation=gen, current=name == live,
+                            valid=problem is None, problem=problem, written_at=written,
+                            notes=notes, embedder=embedder)
+            )  # fmt: skip
+        return out
+
+    def resolve_version(self, version: str | int) -> str:
+        """A version's directory name from its name, a unique prefix, or its generation number.
+
+        Raises:
+            StoreError: no such version, or a prefix that names several (naming what exists).
+        """
+        names = [name for _, name in self._version_dirs()]
+        text = str(version).strip()
+        if text.isdigit():
+            found = [n for n in names if int(_VERSION_NAME.match(n).group(1)) == int(text)]  # type: ignore[union-attr]
+        else:
+            found = [n for n in names if n == text] or [n for n in names if n.startswith(text)]
+        if len(found) != 1:
+            listed = ", ".join(names) if names else "none"
+            what = "matches no version" if not found else f"is ambiguous ({', '.join(found)})"
+            raise StoreError(f"{self.path}: version {version!r} {what}; versions on disk: {listed}")
+        return found[0]
+
+    def restore(self, version: str | int) -> StoreContents:
+        """Makes ``version`` the live one after verifying it completely (under the lock).
+
+        Every file is read, checksummed and parsed first; only a version that loads is made
+        live. Nothing is deleted. The next :meth:`save` prunes as usual (``keep_versions``,
+        counting from the restored version: versions newer than it are dropped as superseded).
+
+        Args:
+            version: a directory name (``g000007-1a2b3c4d``), a unique prefix, or a generation
+                number (``7``).
+
+        Returns:
+            The restored version's contents.
+
+        Raises:
+            StoreError: no such version, or it does not verify (naming the file and problem).
+        """
+        if not (self.path / VERSIONS_DIR).is_dir():
+            raise StoreError(f"{self.path}: not a memory store (no {VERSIONS_DIR} directory)")
+        with self.lock():
+            name = self.resolve_version(version)
+            try:
+                contents = self._load_version(self.path / VERSIONS_DIR / name)
+            except StoreError as exc:
+                raise StoreError(
+                    f"cannot restore {name}: it does not verify ({exc}); pick another version "
+                    f"(`soulmem versions {self.path}`)"
+                ) from None
+            for stale in self.path.glob(CURRENT_FILE + _TMP_PREFIX + "*"):
+                stale.unlink(missing_ok=True)
+            self._write_pointer(name)
+            return contents
 
     def _prune(self, versions: Path, *, new: str, previous: str | None) -> None:
         """Removes uncommitted leftovers and versions beyond ``keep_versions`` (oldest first).
@@ -563,34 +894,82 @@ class MemoryStore:
             shutil.rmtree(versions / name, ignore_errors=True)
 
     # -- load -----------------------------------------------------------------------------
-    def _current_dir(self) -> Path:
+    def _pointer_changed(self, name: str) -> bool:
+        try:
+            return (self.path / CURRENT_FILE).read_bytes().decode("ascii").strip() != name
+        except (OSError, UnicodeDecodeError):
+            return False
+
+    def _current_dir(self, _retry: int = _LOAD_RETRIES) -> Path:
+        """The live version directory.
+
+        Raises:
+            StoreError: no store here at all (``CURRENT`` and versions both absent).
+            StoreDamagedError: anything else that keeps ``CURRENT`` from naming a version.
+        """
         pointer = self.path / CURRENT_FILE
         try:
-            name = pointer.read_text(encoding="ascii").strip()
+            raw = pointer.read_bytes()
         except FileNotFoundError:
+            found = self._version_dirs()
+            if found:
+                raise StoreDamagedError(
+                    f"{pointer}: missing, but {self.path / VERSIONS_DIR} holds {len(found)} "
+                    f"version(s) — the store is damaged; {_recovery_hint(self.path)}"
+                ) from None
             raise StoreError(
                 f"{pointer}: missing — {self.path} is not a memory store (nothing saved yet?)"
             ) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise StoreError(f"{pointer}: unreadable ({exc})") from None
-        if not _VERSION_NAME.match(name):
-            raise StoreError(
+        except IsADirectoryError:
+            raise StoreDamagedError(
+                f"{pointer}: is a directory, expected a one-line file; {_recovery_hint(self.path)}"
+            ) from None
+        except OSError as exc:
+            raise StoreDamagedError(
+                f"{pointer}: unreadable ({exc}); {_recovery_hint(self.path)}"
+            ) from None
+        try:
+            name = raw.decode("ascii").strip()
+        except UnicodeDecodeError:
+            name = None
+        if name is None or not _VERSION_NAME.match(name):
+            shown = raw[:60].decode("ascii", "replace") if name is None else name[:60]
+            raise StoreDamagedError(
                 f"{pointer}: expected a version directory name such as 'g000001-0123abcd', "
-                f"found {name!r}"
+                f"found {shown!r} — the pointer is corrupted; {_recovery_hint(self.path)}"
             )
         version_dir = self.path / VERSIONS_DIR / name
         if not version_dir.is_dir():
-            raise StoreError(f"{pointer}: names {name!r}, but {version_dir} does not exist")
+            if _retry > 0 and self._pointer_changed(name):
+                return self._current_dir(_retry - 1)  # a writer swapped and pruned meanwhile
+            raise StoreDamagedError(
+                f"{pointer}: names {name!r}, but {version_dir} does not exist — the pointer is "
+                f"dangling; {_recovery_hint(self.path)}"
+            )
         return version_dir
 
     def load(self) -> StoreContents:
         """Reads, verifies and parses the live version.
 
+        Takes no lock: if a writer prunes the version between reading ``CURRENT`` and reading
+        its files, ``CURRENT`` is read again and the load retried (the result is always one
+        whole committed version).
+
         Raises:
+            StoreDamagedError: the pointer is unreadable (with the recovery path).
             StoreError: naming the file and the problem (missing, truncated, checksum mismatch,
                 bad JSON, unknown format version, inconsistent tensors).
         """
-        version_dir = self._current_dir()
+        for _ in range(_LOAD_RETRIES):
+            version_dir = self._current_dir()
+            try:
+                return self._load_version(version_dir)
+            except StoreError:
+                if self.current_version() in (version_dir.name, None):
+                    raise  # not a concurrent swap: the live version itself is bad
+        return self._load_version(self._current_dir())
+
+    def _load_version(self, version_dir: Path) -> StoreContents:
         manifest = self._read_manifest(version_dir / MANIFEST_FILE)
         data = self._read_verified(version_dir, manifest)
 
@@ -629,6 +1008,7 @@ class MemoryStore:
             readable_ids=readable,
             manifest=manifest,
             pending_links=pending,
+            version=version_dir.name,
         )
 
     @staticmethod
@@ -653,6 +1033,12 @@ class MemoryStore:
             raise StoreError(
                 f"{path}: unknown format_version {version!r} (this soulmem_torch reads version "
                 f"{FORMAT_VERSION})"
+            )
+        recorded = manifest.get(MANIFEST_CHECKSUM_KEY)
+        if recorded is not None and recorded != manifest_checksum(manifest):
+            raise StoreError(
+                f"{path}: checksum mismatch — expected {MANIFEST_CHECKSUM_KEY} {recorded}, found "
+                f"{manifest_checksum(manifest)}; the manifest is corrupted"
             )
         files = manifest.get("files")
         if not isinstance(files, dict) or NOTES_FILE not in files or PENDING_FILE not in files:
@@ -682,6 +1068,12 @@ class MemoryStore:
             or not isinstance(layout.get("dtype"), str)
         ):
             raise StoreError(f"{path}: bad 'embedding' layout {layout!r}")
+        identity = manifest.get("embedder")
+        if identity is not None:
+            try:
+                EmbedderIdentity.from_json(identity, where="'embedder'")
+            except ValidationError as exc:
+                raise StoreError(f"{path}: {exc}") from None
         return manifest
 
     @staticmethod
@@ -869,4 +1261,84 @@ def _attach_pending(notes: list[MemoryNote], pending: Sequence[MemoryLink]) -> l
     out = list(notes)
     for i, links in extra.items():
         out[i] = notes[i].model_copy(update={"mem_links": [*notes[i].mem_links, *links]})
+    return out
+
+
+# ---- reusing stored vectors only with the embedder that made them ---------------------------
+def embeddings_for_embedder(
+    contents: StoreContents,
+    embedder: Any,
+    *,
+    on_mismatch: str = "reembed",
+    progress: bool = False,
+    where: str = "store",
+) -> tuple[list[MemoryEmbedding], str | None]:
+    """The loaded notes' embeddings for ``embedder``: the stored ones when they are its own.
+
+    The store's recorded :class:`~soulmem_torch.embedding.identity.EmbedderIdentity` is
+    compared with ``embedder``'s (one call on the fixed probe texts). Same → the stored vectors
+    are reused (notes stored without one are embedded now). Different → every note is
+    re-embedded (``on_mismatch="reembed"``, the default; an
+    :class:`~soulmem_torch.embedding.identity.EmbedderMismatchWarning` names both embedders) or
+    :class:`~soulmem_torch.embedding.identity.EmbedderMismatchError` is raised (``"refuse"``).
+    Vectors of two embedders are never mixed. A legacy store (no recorded identity) is trusted
+    when its recorded class name and width match the embedder's.
+
+    Returns:
+        ``(embeddings, reason)``: one embedding per note; ``reason`` describes the mismatch
+        when the notes were re-embedded, else ``None``.
+
+    Raises:
+        ValidationError: ``on_mismatch`` is not ``"reembed"`` or ``"refuse"``.
+        EmbedderMismatchError: a mismatch with ``on_mismatch="refuse"``.
+    """
+    if on_mismatch not in ("reembed", "refuse"):
+        raise ValidationError(
+            f"on_embedder_mismatch: expected 'reembed' or 'refuse', found {on_mismatch!r}"
+        )
+    notes = contents.notes
+    stored_vectors = contents.manifest.get("embedding") is not None
+    if not notes:
+        return [], None
+    given = embedder_identity(embedder)
+    if stored_vectors and not same_embedder(
+        contents.embedder_identity, contents.embedder_name, contents.embedding_dim, embedder, given
+    ):
+        reason = describe_mismatch(contents.embedder_identity or contents.embedder_name, given)
+        if on_mismatch == "refuse":
+            raise EmbedderMismatchError(
+                f"{where}: {reason}; refusing to mix them — open it with its own embedder, or "
+                "re-embed every note (on_embedder_mismatch='reembed', on the command line "
+                "--on-embedder-mismatch reembed)"
+            )
+        warnings.warn(
+            EmbedderMismatchWarning(f"{where}: {reason}; re-embedding all {len(notes)} notes"),
+            stacklevel=3,
+        )
+        return _embed_with_progress(notes, embedder, progress=progress), reason
+    out = list(contents.embeddings)
+    missing = [i for i, e in enumerate(out) if e is None]
+    if missing:
+        fresh = _embed_with_progress([notes[i] for i in missing], embedder, progress=progress)
+        for i, emb in zip(missing, fresh):
+            out[i] = emb
+    return out, None  # type: ignore[return-value]
+
+
+def _embed_with_progress(
+    notes: Sequence[MemoryNote], embedder: Any, *, progress: bool, chunk: int = 256
+) -> list[MemoryEmbedding]:
+    """``embed_notes`` in chunks of ``chunk`` notes, with a tqdm bar when ``progress``."""
+    from tqdm.auto import tqdm
+
+    from soulmem_torch.embedding import embed_notes
+
+    out: list[MemoryEmbedding] = []
+    with tqdm(
+        total=len(notes), desc="embed", unit="note", disable=not progress, leave=False
+    ) as bar:
+        for start in range(0, len(notes), chunk):
+            part = notes[start : start + chunk]
+            out.extend(embed_notes(part, embedder))
+            bar.update(len(part))
     return out

@@ -161,6 +161,7 @@ def _rewrite(store: MemoryStore, name: str, data: bytes, *, fix_manifest: bool) 
     if fix_manifest:
         manifest = json.loads((vdir / MANIFEST_FILE).read_text(encoding="utf-8"))
         manifest["files"][name] = {"sha256": store_mod._sha256(data), "bytes": len(data)}
+        manifest["manifest_sha256"] = store_mod.manifest_checksum(manifest)
         (vdir / MANIFEST_FILE).write_text(json.dumps(manifest), encoding="utf-8")
 
 
@@ -436,16 +437,20 @@ def test_hard_crash_leftovers_are_ignored_then_cleaned(tmp_path: Path) -> None:
     assert names == {live, store.current_version()}
 
 
-def test_lost_pointer_keeps_every_version(tmp_path: Path) -> None:
+def test_lost_pointer_is_refused_until_restored(tmp_path: Path) -> None:
     notes, _, _ = _world()
     store = MemoryStore(tmp_path, keep_versions=1)
     store.save(notes)
     first = store.current_version()
     (tmp_path / "CURRENT").unlink()
-    assert not store.exists()
-    store.save(notes[:2])
-    names = {p.name for p in (tmp_path / "versions").iterdir()}
-    assert names == {first, store.current_version()}  # nothing deleted without a live version
+    assert store.exists() and store.current_version() is None  # damaged, not absent
+    with pytest.raises(store_mod.StoreDamagedError, match="CURRENT: missing, but .* 1 version"):
+        store.load()
+    with pytest.raises(store_mod.StoreDamagedError, match="soulmem restore"):
+        store.save(notes[:2])  # never written over, never pruned
+    assert {p.name for p in (tmp_path / "versions").iterdir()} == {first}
+    store.restore(first)
+    assert store.load().notes == notes
     store.save(notes[:3])  # with a live version again, keep_versions applies
     assert {p.name for p in (tmp_path / "versions").iterdir()} == {store.current_version()}
 
@@ -553,7 +558,7 @@ def test_bad_manifest_and_missing_file(tmp_path: Path) -> None:
     (tmp_path / "CURRENT").write_text("../../etc\n")
     with pytest.raises(StoreError, match="CURRENT: expected a version directory name"):
         store.load()
-    assert not store.exists()
+    assert store.exists() and store.current_version() is None
 
 
 def test_pending_listing_must_match_notes(tmp_path: Path) -> None:

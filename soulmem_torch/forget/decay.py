@@ -422,7 +422,8 @@ def note_time_tensors(
     for item in notes:
         note = _as_note(item)
         create.append(to_epoch_ns(note.create_time, name="note.create_time"))
-        count.append(_check_count(note.retrieval_count))
+        # usize counts above int64 saturate: decay only reads min(count, max_activation_cap).
+        count.append(min(_check_count(note.retrieval_count), 2**63 - 1))
     return (
         torch.tensor(create, dtype=torch.int64, device=device),
         torch.tensor(count, dtype=torch.int64, device=device),

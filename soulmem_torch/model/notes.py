@@ -293,7 +293,11 @@ class MemoryNote(BaseModel):
 
     id: MemoryId = Field(default_factory=MemoryId.new, description="Note id (UUID v4).")
     tags: list[str] = Field(description="Tags (embedded and mean-pooled into the tag vector).")
-    retrieval_count: int = Field(ge=0, description="How often the note was retrieved (usize).")
+    retrieval_count: int = Field(
+        ge=0,
+        le=2**64 - 1,
+        description="How often the note was retrieved (the original's usize: u64 on 64-bit).",
+    )
     create_time: Timestamp = Field(description="Creation time (aware UTC, RFC 3339 in JSON).")
     last_accessed_time: Timestamp = Field(description="Last access time (aware UTC).")
     mem_type: MemoryType
