@@ -25,6 +25,7 @@ from soulmem_torch.bank._union import (
 )
 from soulmem_torch.errors import ConfigError, ValidationError
 from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SPECIFIC
+from soulmem_torch.functional.fusion import rank_fusion, relative_seeds
 from soulmem_torch.functional.topk import stable_topk
 
 __all__ = ["run_pipeline", "supported_config"]
@@ -34,14 +35,18 @@ _F64 = torch.float64
 # DefaultPipelineConfig fields (recursively) the bank implements; anything else is refused.
 _KNOWN_FIELDS = {
     "short_mem_with_history": {"type", "clipping_length", "include_summary"},
-    "similarity": {"type", "similarity_threshold", "max_results"},
+    "similarity": {"type", "similarity_threshold", "max_results", "situation_units"},
     "assoc_with_action": {"type", "association", "action_top_k", "abstract_source_priority"},
     "assoc_with_action.association": {
         "type", "intensity_factor", "confidence_factor", "damping_factor", "residue_threshold",
         "preference", "top_k", "method", "power_tol", "power_dtype", "power_local",
     },
-    "": {"short_mem_with_history", "similarity", "assoc_with_action", "merge_top_k"},
+    "": {
+        "short_mem_with_history", "similarity", "assoc_with_action", "merge_top_k", "fusion",
+        "channels", "rank_constant", "seed_ratio",
+    },
 }  # fmt: skip
+_CHANNELS = {"similarity", "text", "graph"}
 
 
 def supported_config(config: Any) -> None:
@@ -55,18 +60,24 @@ def supported_config(config: Any) -> None:
         for name in type(obj).model_fields:
             path = f"{prefix}.{name}" if prefix else name
             if name not in known:
-                default = type(obj).model_fields[name].get_default(call_default_factory=True)
-                if getattr(obj, name) != default:
-                    raise ConfigError(
-                        f"config.{path}: the MemoryBank does not implement this setting yet "
-                        f"(found {getattr(obj, name)!r}); use a SoulMem per agent"
-                    )
-                continue
+                raise ConfigError(
+                    f"config.{path}: the MemoryBank does not implement this setting yet "
+                    f"(found {getattr(obj, name)!r}); use a SoulMem per agent"
+                )
             value = getattr(obj, name)
             if hasattr(type(value), "model_fields"):
                 walk(value, path)
 
     walk(config, "")
+    if config.fusion not in ("rank", "max"):
+        raise ConfigError(
+            f"config.fusion: the MemoryBank knows 'rank' and 'max', found {config.fusion!r}"
+        )
+    unknown = set(config.channels) - _CHANNELS
+    if unknown:
+        raise ConfigError(
+            f"config.channels: the MemoryBank knows {sorted(_CHANNELS)}, found {sorted(unknown)}"
+        )
 
 
 def _is_plain(q: Any) -> bool:
@@ -145,6 +156,30 @@ def _string_channel(
     return out
 
 
+def _text_channel(
+    union: UnionSnapshot,
+    positions: Sequence[int],
+    queries: Sequence[Any],
+    memories: Sequence[Any],
+    m: int,
+) -> Tensor:
+    """Whole-note BM25 (the retrieve layer's ``text_scores``) of each query against its agent's
+    notes, per agent of the batch (each agent has its own vocabulary and statistics, cached on
+    its snapshot): (B, M) float64, zeros for agents without notes."""
+    from soulmem_torch.retrieve.text import text_scores
+
+    out = torch.zeros(len(queries), m, dtype=_F64, device=union.device)
+    groups: dict[int, list[int]] = {}
+    for b, (p, mem) in enumerate(zip(positions, memories)):
+        if mem is not None:
+            groups.setdefault(p, []).append(b)
+    for p, rows in groups.items():
+        graph = union.graphs[p].to(union.device)
+        s = text_scores(graph, memories[rows[0]], [queries[b] for b in rows])
+        out[torch.tensor(rows, device=union.device), : s.shape[1]] = s
+    return out
+
+
 def _similarity(
     union: UnionSnapshot,
     positions: Sequence[int],
@@ -202,14 +237,15 @@ def _association(
     from soulmem_torch.retrieve._engine import resolve_method, run_association
     from soulmem_torch.retrieve.config import PprMethod
 
-    if bool((torch.where(keys, weights, 0.0) < 0).any()):
-        row, col = (int(v) for v in ((weights < 0) & keys).nonzero()[0])
+    ok = keys.any(dim=1) & (weights.sum(dim=1) > 0)
+    negative = keys & (weights < 0) & ok.unsqueeze(1)
+    if bool(negative.any()):  # as the kernel's check on the columns that run
+        row, col = (int(v) for v in negative.nonzero()[0])
         raise ValidationError(
             "personalization: expected entries >= 0, found "
             f"{weights[row, col].item()} (a similarity score under a negative "
             f"similarity_threshold) in query {row}"
         )
-    ok = keys.any(dim=1) & (weights.sum(dim=1) > 0)
     sizes = union.sizes_list
     method_of: dict[int, PprMethod] = {}
     for size in {sizes[p] for p in positions}:
@@ -263,6 +299,7 @@ def run_pipeline(
     """
     from soulmem_torch.retrieve import DefaultPipelineResult
     from soulmem_torch.retrieve.short_only import RetrShortOnly
+    from soulmem_torch.retrieve.similarity import effective_weights
 
     supported_config(config)
     device = union.device
@@ -277,25 +314,37 @@ def run_pipeline(
     ]
 
     # stage 1: similarity on candidate rows
-    sim = _similarity(union, positions, queries, memories, embedder, idx, valid, weights)
     sim_cfg = config.similarity
+    weights = effective_weights(weights, sim_cfg)
+    sim = _similarity(union, positions, queries, memories, embedder, idx, valid, weights)
     keep = torch.isfinite(sim) & (sim >= sim_cfg.similarity_threshold) & valid
+    sim_kept = torch.where(keep, sim, torch.zeros_like(sim))
 
-    # stage 2: seeds
-    selected, s_values, s_index, s_valid = _topk(sim, keep, sim_cfg.max_results)
-    seed_w = torch.where(selected, sim.to(_F64), torch.zeros((), dtype=_F64, device=device))
+    # stage 2: seeds (top-k, or the relative cut of the rank fusion)
+    if config.fusion == "rank":
+        chosen = relative_seeds(
+            sim_kept,
+            ratio=config.seed_ratio,
+            max_seeds=sim_cfg.max_results,
+            threshold=sim_cfg.similarity_threshold,
+            mask=valid,
+        )
+    else:
+        chosen = _topk(sim, keep, sim_cfg.max_results)[0]
+    _, s_values, s_index, s_valid = _topk(sim, chosen, sim_cfg.max_results)
+    seed_w = torch.where(chosen, sim.to(_F64), torch.zeros((), dtype=_F64, device=device))
 
     # stage 3: association (PPR) and its top-k
     awa = config.assoc_with_action
     assoc = awa.association
-    ppr, ok = _association(union, positions, agents, seed_w, selected, assoc)
+    ppr, ok = _association(union, positions, agents, seed_w, chosen, assoc)
     present = ok.unsqueeze(1) & valid
     ppr_selected = _topk(ppr, present, assoc.top_k)[0]
 
     # stage 4: situation weights (max-subtracted softmax) and BayesAction
     neg_inf = torch.full_like(ppr, float("-inf"))
     merged = torch.maximum(
-        torch.where(selected, seed_w, neg_inf), torch.where(ppr_selected, ppr, neg_inf)
+        torch.where(chosen, seed_w, neg_inf), torch.where(ppr_selected, ppr, neg_inf)
     )
     ntype = union.node_type[idx]
     situation = (ntype == NODE_SPECIFIC) | (ntype == NODE_ABSTRACT)
@@ -310,8 +359,19 @@ def run_pipeline(
     act_scores, act_cand = candidate_bayes(union, agents, soft, kept)
     _, a_values, a_index, a_valid = _topk(act_scores, act_cand, awa.action_top_k)
 
-    # stage 5: merge seeds and PPR memories
-    _, m_values, m_index, m_valid = _topk(merged, selected | ppr_selected, config.merge_top_k)
+    # stage 5: one memory list — reciprocal-rank fusion of the channels, or the max merge
+    if config.fusion == "rank":
+        channels = {"similarity": sim_kept, "graph": ppr}
+        if "text" in config.channels:
+            channels["text"] = _text_channel(union, positions, queries, memories, m)
+        used = [channels[c] for c in config.channels]
+        fused = rank_fusion(used, k=config.rank_constant, mask=valid)
+        in_list = torch.zeros_like(valid)
+        for c in used:
+            in_list |= torch.isfinite(c) & (c > 0)
+        _, m_values, m_index, m_valid = _topk(fused, in_list & valid, config.merge_top_k)
+    else:
+        _, m_values, m_index, m_valid = _topk(merged, chosen | ppr_selected, config.merge_top_k)
 
     ids = [union.graphs[p].ids for p in positions]
     seeds = _lists(ids, s_values, s_index, s_valid, as_float32=True)

@@ -162,6 +162,12 @@ class MemoryBank:
             raise ValidationError(f"agent_id: {agent_id!r} is already in the bank")
         if not isinstance(graph, MemoryGraph):
             raise ValidationError(f"graph: expected a MemoryGraph, found {type(graph).__name__}")
+        width = getattr(self.embedder, "dim", None)
+        if graph.tag_emb is not None and width is not None and graph.tag_emb.shape[1] != width:
+            raise ValidationError(
+                f"graph: expected embeddings of width {width} (the bank's embedder), found "
+                f"width {graph.tag_emb.shape[1]}"
+            )
         self._register(agent_id, _Agent(graph=graph.cpu()))
         return int(graph.num_nodes)
 

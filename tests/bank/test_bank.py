@@ -1,0 +1,291 @@
+"""MemoryBank: every (agent, query) answered as a SoulMem holding only that agent's notes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from soulmem_torch import HashingEmbedder, MemoryBank, SoulMem
+from soulmem_torch.bank._union import segment_power_ppr
+from soulmem_torch.errors import ConfigError, NotFoundError, SoulMemError, ValidationError
+from soulmem_torch.retrieve import DefaultPipelineConfig, RetrDefaultPipeline
+from soulmem_torch.retrieve._engine import run_association
+from soulmem_torch.retrieve.config import AssociationConfig
+
+from .helpers import (
+    TEXTS,
+    assert_same_result,
+    config,
+    random_agent_graph,
+    sample_notes,
+)
+
+SETTINGS = settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+
+
+def _reference(bank: MemoryBank, agent: str, text: str, cfg: DefaultPipelineConfig):
+    """The same question to a fresh SoulMem with only this agent's notes."""
+    view = bank.agent(agent)
+    entries = list(view.cluster)
+    mem = SoulMem(embedder=bank.embedder, device=bank.device)
+    mem.working_memory.add_nodes([e.note for e in entries], [e.embedding for e in entries])
+    return mem.ask([text], config=cfg)[0]
+
+
+note_subsets = st.lists(
+    st.lists(st.integers(0, 76), min_size=1, max_size=30, unique=True), min_size=1, max_size=4
+)
+asks = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, len(TEXTS) - 1)), min_size=1, max_size=6
+)
+
+
+@SETTINGS
+@given(
+    subsets=note_subsets,
+    pairs=asks,
+    method=st.sampled_from(["power", "auto", "push"]),
+    fusion=st.sampled_from(["rank", "max"]),
+    units=st.sampled_from([None, "sum"]),
+)
+def test_ask_equals_per_agent_soulmem(device, subsets, pairs, method, fusion, units) -> None:
+    bank = MemoryBank(device=device)
+    for a, subset in enumerate(subsets):
+        bank.add_agent(f"agent-{a}", sample_notes(sorted(subset)))
+    cfg = config(method, fusion, similarity_threshold=0.2, max_results=5, situation_units=units)
+    agents = [f"agent-{a % len(subsets)}" for a, _ in pairs]
+    texts = [TEXTS[t] for _, t in pairs]
+    results = bank.ask(agents, texts, config=cfg)
+    assert len(results) == len(pairs)
+    for agent, text, got in zip(agents, texts, results):
+        assert_same_result(got, _reference(bank, agent, text, cfg))
+
+
+@SETTINGS
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=5),
+    queries=st.lists(st.integers(0, 4), min_size=1, max_size=8),
+    seed=st.integers(0, 10_000),
+    method=st.sampled_from(["power", "auto"]),
+    fusion=st.sampled_from(["rank", "max"]),
+    dangling=st.booleans(),
+)
+def test_plain_queries_equal_per_agent_pipeline(
+    device, sizes, queries, seed, method, fusion, dangling
+):
+    dim = 8
+    bank = MemoryBank(embedder=HashingEmbedder(dim=dim), device=device)
+    graphs = []
+    for a, n in enumerate(sizes):
+        g = random_agent_graph(n, 3 * n, dim, seed + a, dangling=dangling)
+        graphs.append(g)
+        bank.add_agent_graph(f"g{a}", g)
+    gen = torch.Generator().manual_seed(seed)
+    vectors = torch.randn(len(queries), dim, generator=gen)
+    cfg = config(method, fusion, similarity_threshold=0.0, max_results=3)
+    pairs = [(f"g{q % len(sizes)}", vectors[i]) for i, q in enumerate(queries)]
+    got = bank.query(pairs, config=cfg)
+    for (agent, vec), result in zip(pairs, got):
+        g = graphs[int(agent[1:])].to(device)
+        want = RetrDefaultPipeline().retrieve(cfg.into_request(g, vec, device=device))
+        assert_same_result(result, want)
+
+
+@SETTINGS
+@given(
+    sizes=st.lists(st.integers(1, 30), min_size=1, max_size=4),
+    rows=st.lists(st.integers(0, 3), min_size=1, max_size=7),
+    seed=st.integers(0, 10_000),
+    dtype=st.sampled_from(["float64", "float32"]),
+)
+def test_union_power_iteration_equals_per_agent_kernel(device, sizes, rows, seed, dtype):
+    """The PPR stage alone, from the same seeds: within 1e-9 (float64) / 1e-6 (float32)."""
+    bank = MemoryBank(embedder=HashingEmbedder(dim=4), device=device)
+    graphs = [random_agent_graph(n, 2 * n, 4, seed + a) for a, n in enumerate(sizes)]
+    for a, g in enumerate(graphs):
+        bank.add_agent_graph(f"g{a}", g)
+    union = bank.union()
+    positions = [r % len(sizes) for r in rows]
+    agents = torch.tensor(positions, device=device)
+    m = max(sizes[p] for p in positions)
+    gen = torch.Generator().manual_seed(seed)
+    weights = torch.rand(len(rows), m, generator=gen, dtype=torch.float64)
+    keys = torch.rand(len(rows), m, generator=gen) < 0.3
+    for b, p in enumerate(positions):
+        keys[b, sizes[p] :] = False
+        keys[b, 0] = True
+    weights = torch.where(keys, weights, 0.0).to(device)
+    keys = keys.to(device)
+    cfg = AssociationConfig(
+        method="power", power_dtype=dtype, power_tol=1e-9 if dtype == "float64" else 1e-6
+    )
+    ok = keys.any(1) & (weights.sum(1) > 0)
+    got = segment_power_ppr(union, cfg, agents, weights, keys, ok)
+    tol = 1e-9 if dtype == "float64" else 1e-6
+    for b, p in enumerate(positions):
+        n = sizes[p]
+        g = graphs[p].to(device)
+        want, _ = run_association(g, weights[b, :n, None], keys[b, :n, None], cfg)
+        assert torch.allclose(got[b, :n], want[:, 0], atol=tol, rtol=0)
+        assert bool((got[b, n:] == 0).all())
+
+
+def test_one_sparse_product_for_many_agents_shares_columns(device) -> None:
+    """k queries per agent need k columns: 3 agents × 2 queries run as 2 columns."""
+    bank = MemoryBank(embedder=HashingEmbedder(dim=4), device=device)
+    for a in range(3):
+        bank.add_agent_graph(f"g{a}", random_agent_graph(10, 30, 4, a))
+    cfg = config("power", "max", similarity_threshold=-1.0, max_results=10)
+    gen = torch.Generator().manual_seed(0)
+    pairs = [(f"g{a}", torch.randn(4, generator=gen)) for a in (0, 1, 2, 0, 1, 2)]
+    # negative similarity seeds under a negative floor: an error, as for one agent
+
+    def raises(fn) -> bool:
+        try:
+            fn()
+        except ValidationError as exc:
+            assert "personalization" in str(exc)
+            return True
+        return False
+
+    alone = [
+        raises(lambda a=a, v=v: RetrDefaultPipeline().retrieve(cfg.into_request(bank.graph(a), v)))
+        for a, v in pairs
+    ]
+    assert any(alone)
+    assert raises(lambda: bank.query(pairs, config=cfg))
+    fine = [p for p, bad in zip(pairs, alone) if not bad]
+    assert not raises(lambda: bank.query(fine, config=cfg))
+    cfg = config("power", similarity_threshold=0.0, max_results=2)
+    results = bank.query(pairs, config=cfg)
+    for (agent, vec), got in zip(pairs, results):
+        g = bank.graph(agent).to(device)
+        want = RetrDefaultPipeline().retrieve(cfg.into_request(g, vec, device=device))
+        assert_same_result(got, want)
+
+
+def test_add_notes_to_one_agent(device) -> None:
+    bank = MemoryBank(device=device)
+    bank.add_agent("a", sample_notes(list(range(0, 30))))
+    bank.add_agent("b", sample_notes(list(range(20, 50))))
+    cfg = config("power", similarity_threshold=0.2)
+    bank.ask(["a", "b"], TEXTS[:2], config=cfg)
+    other = bank.graph("b")
+    assert bank.add_notes("a", sample_notes(list(range(30, 77)))) == 47
+    assert len(bank.agent("a")) == 77
+    assert bank.graph("b") is other  # the other agent is not re-snapshotted
+    got = bank.ask(["a", "b"], TEXTS[:2], config=cfg)
+    assert_same_result(got[0], _reference(bank, "a", TEXTS[0], cfg))
+    assert_same_result(got[1], _reference(bank, "b", TEXTS[1], cfg))
+    # a change through the SoulMem view reaches the bank too
+    bank.agent("b").add_notes(sample_notes(list(range(50, 77))))
+    got = bank.ask(["b"], [TEXTS[2]], config=cfg)[0]
+    assert_same_result(got, _reference(bank, "b", TEXTS[2], cfg))
+
+
+def test_same_note_in_two_agents_is_scoped(device) -> None:
+    notes = sample_notes()
+    bank = MemoryBank(device=device)
+    bank.add_agent("x", sample_notes())
+    bank.add_agent("y", sample_notes())
+    cfg = config("power")
+    rx, ry = bank.ask(["x", "y"], [TEXTS[0], TEXTS[0]], config=cfg)
+    assert rx.association == ry.association and rx.association
+    assert {i for i, _ in rx.association} <= {n.id for n in notes}
+
+
+def test_precomputed_embeddings_and_bookkeeping(tmp_path) -> None:
+    from soulmem_torch import embed_notes
+
+    notes = sample_notes(list(range(40)))
+    embs = embed_notes(notes, HashingEmbedder())
+    bank = MemoryBank(embedder=HashingEmbedder())
+    assert bank.add_agent("npc-17", notes) == 40
+    assert bank.add_agent("npc-18", sample_notes(list(range(40))), embeddings=embs) == 40
+    assert len(bank) == 2 and bank.agents() == ["npc-17", "npc-18"] and "npc-17" in bank
+    a, b = bank.ask(["npc-17", "npc-18"], ["text a", "text a"])
+    assert a.association == b.association
+    width = HashingEmbedder().dim
+    with pytest.raises(ValidationError, match=f"expected embeddings of width {width}"):
+        bank.add_agent_graph("g", random_agent_graph(5, 5, width + 1, 0))
+    bank.add_agent_graph("g", random_agent_graph(5, 5, width, 0))
+    bank.save(tmp_path / "bank")
+    loaded = MemoryBank.load(tmp_path / "bank")
+    assert loaded.agents() == bank.agents()
+    cfg = config("power")
+    for agent in ("npc-17", "npc-18"):
+        want = bank.ask([agent], [TEXTS[0]], config=cfg)[0]
+        assert_same_result(loaded.ask([agent], [TEXTS[0]], config=cfg)[0], want)
+    vec = torch.ones(width)
+    want = bank.query([("g", vec)], config=cfg)[0]
+    assert_same_result(loaded.query([("g", vec)], config=cfg)[0], want)
+
+
+@pytest.mark.parametrize("which", ["default", "original"])
+def test_default_and_original_configs(which) -> None:
+    bank = MemoryBank()
+    bank.add_agent("a", sample_notes())
+    bank.add_agent("b", sample_notes(list(range(0, 77, 2))))
+    cfg = DefaultPipelineConfig() if which == "default" else DefaultPipelineConfig.original()
+    got = bank.ask(["a", "b"], TEXTS[:2], config=None if which == "default" else cfg)
+    assert_same_result(got[0], _reference(bank, "a", TEXTS[0], cfg))
+    assert_same_result(got[1], _reference(bank, "b", TEXTS[1], cfg))
+
+
+def test_structured_dict_queries_and_priorities() -> None:
+    bank = MemoryBank()
+    bank.add_agent("a", sample_notes())
+    q = {"variant": {"Situation": [{"narrative": "rain at the café"}]}, "tag": []}
+    cfg = config("power")
+    got = bank.query([("a", q), ("a", q)], config=cfg, priorities=[3, 1])
+    want = bank.agent("a").query([q], config=cfg, priorities=[3])[0]
+    assert_same_result(got[0], want)
+    assert got[1].priority == 1
+
+
+def test_errors() -> None:
+    bank = MemoryBank()
+    bank.add_agent("a", sample_notes(list(range(10))))
+    with pytest.raises(NotFoundError, match="'nobody' is not in the bank"):
+        bank.ask(["nobody"], ["hi"])
+    with pytest.raises(ValidationError, match="texts: expected 2"):
+        bank.ask(["a", "a"], ["hi"])
+    with pytest.raises(ValidationError, match="already in the bank"):
+        bank.add_agent("a", [])
+    with pytest.raises(ValidationError, match="agent_id: expected a non-empty string"):
+        bank.add_agent("", [])
+    with pytest.raises(ValidationError, match="embeddings: expected 1"):
+        bank.add_agent("b", sample_notes([0]), embeddings=[])
+    with pytest.raises(ValidationError, match=r"requests\[0\]: expected an \(agent_id, query\)"):
+        bank.query(["a"])
+    with pytest.raises(ConfigError, match="config: expected a DefaultPipelineConfig"):
+        bank.query([("a", "x")], config={"merge_top_k": 3})
+    with pytest.raises(ValidationError, match="all structured .* or all plain"):
+        bank.query([("a", "plain text"), ("a", {"variant": {"Semantic": []}, "tag": []})])
+    with pytest.raises(ValidationError, match="texts\\[0\\]"):
+        bank.ask(["a"], [""])
+    with pytest.raises(NotFoundError):
+        bank.add_notes("zz", [])
+    assert bank.query([]) == []
+    with pytest.raises(SoulMemError):
+        MemoryBank.load("/nonexistent/bank")
+
+
+def test_unknown_config_field_is_refused() -> None:
+    """A pipeline setting the bank does not implement raises, naming it (never other results)."""
+    from pydantic import Field
+
+    class Extended(DefaultPipelineConfig):
+        novel_channel: float = Field(default=0.0)
+
+    bank = MemoryBank()
+    bank.add_agent("a", sample_notes(list(range(10))))
+    with pytest.raises(ConfigError, match="config.novel_channel"):
+        bank.ask(["a"], ["hi"], config=Extended())
