@@ -153,3 +153,64 @@ def test_default_pipeline(benchmark, bench_device, size, ppr, batch):
     assert row["seeds"] > 0, "the synthetic queries should find seeds"
     benchmark.extra_info.update({k: v for k, v in row.items() if k != "group"})
     _harness.record(row)
+
+
+# ---- SoulMem.ask on the bundled sample memory: the vectorized default vs the sequential push -----
+ASK_BATCH = 256
+_ASK: dict[str, object] = {}
+
+
+def _sample_memory_and_texts() -> tuple[object, list[str]]:
+    """The bundled sample memory and 256 questions (the sample suite's query strings, cycled)."""
+    if not _ASK:
+        from soulmem_torch.api import SoulMem
+        from soulmem_torch.data import sample_memory_path, sample_queries_path
+        from soulmem_torch.retrieve.evaluation import load_suite
+        from soulmem_torch.retrieve.text import query_strings
+
+        mem = SoulMem.from_graph_file(sample_memory_path())
+        suite = load_suite(sample_queries_path())
+        pool = [
+            s
+            for case in suite.test_cases
+            for sq in case.sub_queries
+            for s in query_strings(sq.query())
+            if s.strip()
+        ]
+        _ASK["mem"] = mem
+        _ASK["texts"] = [pool[i % len(pool)] for i in range(ASK_BATCH)]
+    return _ASK["mem"], _ASK["texts"]  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("ppr", ["default", "sequential"])
+def test_ask_sample_memory(benchmark, ppr):
+    """``SoulMem.ask`` at batch 256 on the sample memory: the default (rank fusion, batched
+    power iteration) and the same call with ``method="sequential"`` (the original's push, one
+    Python loop per query), side by side, 1 torch thread."""
+    benchmark.group = "ask-sample-b256"
+    torch.set_num_threads(1)
+    mem, texts = _sample_memory_and_texts()
+    config = DefaultPipelineConfig()
+    if ppr == "sequential":
+        assoc = AssociationConfig(method=PprMethod.SEQUENTIAL)
+        config = config.model_copy(
+            update={"assoc_with_action": AssociateWithActionConfig(association=assoc)}
+        )
+
+    def run():
+        return mem.ask(texts, config=config)
+
+    first, _ = _harness.time_call(run)  # warm-up: builds the cached operator and text index
+    rounds = _harness.rounds_for(first)
+    out = benchmark.pedantic(run, rounds=rounds, iterations=1, warmup_rounds=0)
+    mean = _harness.mean_seconds(benchmark, first)
+    row = {
+        "group": benchmark.group, "method": f"ask/{ppr}", "device": "cpu",
+        "n": len(mem), "batch": ASK_BATCH, "mean_ms": mean * 1e3,
+        "us_per_query": mean * 1e6 / ASK_BATCH, "qps": ASK_BATCH / mean,
+        "merged": sum(len(r.association) for r in out) / ASK_BATCH,
+        "threads": torch.get_num_threads(), "rounds": rounds,
+    }  # fmt: skip
+    assert row["merged"] > 0
+    benchmark.extra_info.update({k: v for k, v in row.items() if k != "group"})
+    _harness.record(row)

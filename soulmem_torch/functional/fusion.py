@@ -228,7 +228,8 @@ def bm25_scores(query_terms: Tensor, note_weights: Tensor) -> Tensor:
     """BM25 score of every (query, note): ``Σ_t q(t) · w(note, t)``, shape (B, N) float64.
 
     Args:
-        query_terms: (B, V) float, dense or sparse: 1 for each distinct query term (or counts).
+        query_terms: (B, V) float, sparse COO (the fast path: one sparse × sparse product that
+            touches only the query's terms) or dense: 1 for each distinct query term (or counts).
         note_weights: sparse COO (N, V) from :func:`bm25_note_weights`.
     """
     if query_terms.dim() != 2 or query_terms.shape[1] != note_weights.shape[1]:
@@ -236,9 +237,11 @@ def bm25_scores(query_terms: Tensor, note_weights: Tensor) -> Tensor:
             f"query_terms: expected shape (B, {note_weights.shape[1]}), "
             f"found {tuple(query_terms.shape)}"
         )
-    q = query_terms.to_dense() if query_terms.is_sparse else query_terms
-    q = q.to(torch.float64)
-    if note_weights.shape[0] == 0 or q.shape[0] == 0:
-        return q.new_zeros(q.shape[0], note_weights.shape[0])
+    b, n = query_terms.shape[0], note_weights.shape[0]
+    if n == 0 or b == 0 or note_weights.shape[1] == 0:
+        return torch.zeros(b, n, dtype=torch.float64, device=note_weights.device)
+    q = query_terms.to(torch.float64)
+    if q.is_sparse:
+        return torch.sparse.mm(q, note_weights.t()).to_dense()
     # (N, V) sparse @ (V, B) dense -> (N, B)
     return torch.sparse.mm(note_weights, q.T.contiguous()).T.contiguous()

@@ -52,9 +52,17 @@ class AssociateWithActionResult:
 
 
 def associate_with_action(
-    graph: Any, weights: Tensor, keys: Tensor, config: AssociateWithActionConfig
+    graph: Any,
+    weights: Tensor,
+    keys: Tensor,
+    config: AssociateWithActionConfig,
+    *,
+    memory_lists: bool = True,
 ) -> tuple[list[list[tuple[MemoryId, float]]], list[list[tuple[MemoryId, float]]], Tensor, Tensor]:
     """Batched core: returns (memory lists, action lists, PPR scores (N,B), PPR top-k mask (N,B)).
+
+    ``memory_lists=False`` skips building the PPR id lists (returns ``[]`` for them): the
+    pipeline reads the score matrix instead.
 
     Seeds and PPR results are merged (max per note), only Situation notes with a score > 0 are
     kept, abstract ones multiplied by ``abstract_source_priority``, turned into weights by a
@@ -63,7 +71,7 @@ def associate_with_action(
     assoc = config.association
     scores, ok = run_association(graph, weights, keys, assoc)
     present = ok.unsqueeze(0).expand_as(scores)
-    memory = topk_lists(graph, scores, present, assoc.top_k)
+    memory = topk_lists(graph, scores, present, assoc.top_k) if memory_lists else []
     selected = topk_mask(scores, present, assoc.top_k)
 
     neg_inf = torch.full_like(scores, float("-inf"))
@@ -99,9 +107,7 @@ class RetrAssociateWithAction:
 
         def run(group: list[tuple[AssociateWithActionRequest, Any]]) -> list[Any]:
             graph, config = group[0][1], group[0][0].config
-            weights, keys = sources_matrix(
-                graph, [r.source for r, _ in group], float32_scores=True
-            )
+            weights, keys = sources_matrix(graph, [r.source for r, _ in group], float32_scores=True)
             memory, actions, _, _ = associate_with_action(graph, weights, keys, config)
             return [AssociateWithActionResult(m, a) for m, a in zip(memory, actions)]
 

@@ -89,10 +89,12 @@ class RetrDefaultPipeline:
     def _run(group: list[tuple[DefaultPipelineRequest, Any]]) -> list[DefaultPipelineResult]:
         first, graph = group[0]
         config = first.config
-        short = [
-            RetrShortOnly().retrieve(config.short_mem_with_history.into_request(r.working_memory))
-            for r, _ in group
-        ]
+        windows: dict[int, Any] = {}  # the short-term window once per memory, not per query
+        for r, _ in group:
+            if id(r.working_memory) not in windows:
+                req = config.short_mem_with_history.into_request(r.working_memory)
+                windows[id(r.working_memory)] = RetrShortOnly().retrieve(req)
+        short = [windows[id(r.working_memory)] for r, _ in group]
         queries = [r.query for r, _ in group]
         sim = similarity_scores(
             graph,
@@ -116,7 +118,7 @@ class RetrDefaultPipeline:
         seeds = topk_lists(graph, scores_t, chosen, sim_cfg.max_results, as_float32=True)
         weights = torch.where(chosen, scores_t.to(torch.float64), 0.0)
         _, actions, ppr, ppr_selected = associate_with_action(
-            graph, weights, chosen, config.assoc_with_action
+            graph, weights, chosen, config.assoc_with_action, memory_lists=False
         )
         if config.fusion == "rank":
             channels = {
@@ -143,7 +145,7 @@ class RetrDefaultPipeline:
             DefaultPipelineResult(
                 association=association[j],
                 action=actions[j],
-                short_history=short[j][0],
+                short_history=list(short[j][0]),
                 short_mem=short[j][1],
                 priority=r.priority,
                 seeds=seeds[j],

@@ -15,6 +15,7 @@ built once per graph snapshot and cached on it (:func:`text_index`); queries are
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -39,8 +40,17 @@ _RUNS = re.compile(
 _SKIP_KEYS = frozenset({"concept_type", "action_type", "time_span"})
 
 
+@functools.lru_cache(maxsize=8192)
+def _terms(text: str) -> tuple[str, ...]:
+    return tuple(_split(text))
+
+
 def text_terms(text: str) -> list[str]:
     """Terms of a text: CJK character bigrams (a lone CJK character as itself), other words."""
+    return list(_terms(text))
+
+
+def _split(text: str) -> list[str]:
     norm = unicodedata.normalize("NFKC", text).casefold()
     out: list[str] = []
     for match in _RUNS.finditer(norm):
@@ -90,17 +100,20 @@ class TextIndex:
     weights: Tensor
 
     def query_terms(self, queries: Sequence[Iterable[str]], *, device: torch.device) -> Tensor:
-        """(B, V) float64: 1 for each distinct known term of each query's strings."""
+        """Sparse COO (B, V) float64: 1 for each distinct known term of each query's strings."""
         rows: list[int] = []
         cols: list[int] = []
         for j, strings in enumerate(queries):
-            seen = {self.vocab[t] for s in strings for t in text_terms(s) if t in self.vocab}
+            seen = {self.vocab[t] for s in strings for t in _terms(s) if t in self.vocab}
             rows.extend([j] * len(seen))
             cols.extend(seen)
-        out = torch.zeros(len(queries), len(self.vocab), dtype=torch.float64)
-        if rows:
-            out[torch.tensor(rows), torch.tensor(cols)] = 1.0
-        return out.to(device)
+        out = torch.sparse_coo_tensor(
+            torch.tensor([rows, cols], dtype=torch.int64).reshape(2, -1),
+            torch.ones(len(rows), dtype=torch.float64),
+            (len(queries), len(self.vocab)),
+            check_invariants=False,
+        )
+        return out.coalesce().to(device)
 
 
 def build_text_index(notes: Sequence[MemoryNote], *, device: torch.device) -> TextIndex:

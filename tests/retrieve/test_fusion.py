@@ -124,6 +124,7 @@ def test_bm25_matches_the_formula(device: torch.device) -> None:
     assert got.shape == (2, 3) and got.dtype == torch.float64
     assert got[0].tolist() == pytest.approx(_bm25_ref(tf, [1, 0, 1]))
     assert got[1].tolist() == pytest.approx(_bm25_ref(tf, [0, 1, 0]))
+    torch.testing.assert_close(bm25_scores(q.to_sparse(), w).cpu(), got)  # the sparse fast path
 
 
 def test_bm25_segments_score_each_memory_as_on_its_own(device: torch.device) -> None:
