@@ -1,45 +1,42 @@
-"""Terminal output: width-aware (CJK = 2 columns) clipping, aligned tables, status lines, files."""
+"""Terminal output through rich: clipping and aligned tables (CJK = 2 columns), progress bars,
+status lines, files.
+
+Plain lines go through ``print`` (so piped output is plain text); tables are rendered by
+:class:`rich.table.Table` without borders or colour, one line per row, never wrapped, so
+``grep`` / ``awk`` keep working on them. Progress bars (:func:`progress_bar`) are rich bars on
+stderr that stay on screen when done.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
 import os
 import sys
-import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
-
-def _char_width(ch: str) -> int:
-    if unicodedata.combining(ch):
-        return 0
-    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+_RENDER_WIDTH = 10_000  # tables are never wrapped: one row is one line
 
 
 def _width(text: str) -> int:
-    return sum(_char_width(ch) for ch in text)
+    """Display columns of ``text`` (CJK = 2)."""
+    from rich.cells import cell_len
+
+    return cell_len(text)
 
 
 def _clip(text: str, width: int) -> str:
     """One line of at most ``width`` display columns (whitespace collapsed, ``…`` when cut)."""
-    text = " ".join(str(text).split())
-    if _width(text) <= width:
-        return text
-    out, used = [], 0
-    for ch in text:
-        w = _char_width(ch)
-        if used + w > width - 1:
-            break
-        out.append(ch)
-        used += w
-    return "".join(out) + "…"
+    from rich.text import Text
 
-
-def _pad(text: str, width: int, *, right: bool = False) -> str:
-    gap = " " * max(0, width - _width(text))
-    return gap + text if right else text + gap
+    line = Text(" ".join(str(text).split()))
+    line.truncate(width, overflow="ellipsis")
+    out = line.plain  # rich pads a cut double-width character with a space: drop it
+    return out[:-1].rstrip() + "…" if out.endswith("…") and line.plain != str(text) else out
 
 
 def _table(
@@ -49,13 +46,29 @@ def _table(
     right: Sequence[int] = (),
     indent: str = "  ",
 ) -> list[str]:
-    """Aligned plain-text rows; columns in ``right`` are right-aligned; no trailing blanks."""
-    widths = [max(_width(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    lines = []
-    for row in [headers, *rows]:
-        cells = [_pad(str(c), w, right=i in right) for i, (c, w) in enumerate(zip(row, widths))]
-        lines.append((indent + "  ".join(cells)).rstrip())
-    return lines
+    """Aligned plain-text rows (a borderless :class:`rich.table.Table`); columns in ``right``
+    are right-aligned; two spaces between columns; no trailing blanks."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 2, 0, 0))
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="right" if i in right else "left", no_wrap=True)
+    for row in rows:
+        table.add_row(*(str(c) for c in row))
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer,
+        width=_RENDER_WIDTH,
+        color_system=None,
+        markup=False,
+        highlight=False,
+        emoji=False,
+        force_terminal=False,
+        legacy_windows=False,
+    )
+    console.print(table)
+    return [(indent + line).rstrip() for line in buffer.getvalue().splitlines()]
 
 
 def _emit(lines: str | Sequence[str] = "") -> None:
@@ -63,6 +76,46 @@ def _emit(lines: str | Sequence[str] = "") -> None:
         lines = [lines]
     for line in lines:
         print(line)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, description: str, unit: str, *, enabled: bool) -> Iterator[Any]:
+    """A rich progress bar on stderr (``bar.update(n)``) that stays on screen when done, so
+    long work leaves its count and time behind; a no-op when ``enabled`` is false."""
+    if not enabled:
+        yield _NoBar()
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(unit),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
+        task = progress.add_task(description, total=total)
+
+        class _Bar:
+            def update(self, n: int) -> None:
+                progress.advance(task, n)
+
+        yield _Bar()
 
 
 def _show_progress(args: argparse.Namespace) -> bool:

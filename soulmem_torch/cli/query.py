@@ -91,15 +91,20 @@ def _read_queries_file(path: str) -> list[tuple[str, Any, int]]:
     return out
 
 
+def _positive(scored: list[tuple[Any, float]]) -> list[tuple[Any, float]]:
+    """The rows with a score > 0: a zero score is no evidence, so it is not shown as a rank."""
+    return [(mid, score) for mid, score in scored if float(score) > 0.0]
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     """Answers texts and/or structured queries against a store, in one batch per kind."""
-    if args.text is None and args.file is None:
+    if not args.text and args.file is None:
         raise CLIError("give a TEXT to ask, or --file QUERIES", EXIT_USAGE)
-    if args.text is not None and not args.text.strip():
-        raise CLIError("TEXT: expected a non-empty text", EXIT_USAGE)
-    items: list[tuple[str, Any, int]] = []
-    if args.text is not None:
-        items.append(("text", args.text, 0))
+    for n, text in enumerate(args.text, start=1):
+        if not text.strip():
+            which = "TEXT" if len(args.text) == 1 else f"TEXT {n}"
+            raise CLIError(f"{which}: expected a non-empty text", EXIT_USAGE)
+    items: list[tuple[str, Any, int]] = [("text", text, 0) for text in args.text]
     if args.file is not None:
         items.extend(_read_queries_file(args.file))
     if not items:
@@ -130,8 +135,8 @@ def cmd_query(args: argparse.Namespace) -> int:
                 {
                     "query": payload if kind == "text" else json.loads(payload.to_json()),
                     "priority": priority,
-                    "memories": _scored_json(mem, res.association[: args.top]),
-                    "actions": _scored_json(mem, res.action),
+                    "memories": _scored_json(mem, _positive(res.association)[: args.top]),
+                    "actions": _scored_json(mem, _positive(res.action)),
                 }
             )
         print(json.dumps(out, ensure_ascii=False, indent=2))
@@ -145,17 +150,18 @@ def cmd_query(args: argparse.Namespace) -> int:
         extra = f"  (priority {priority})" if kind == "query" and priority else ""
         _emit()
         _emit(f"[{n}] {title}{extra}")
-        if not res.association:
+        memories, actions = _positive(res.association), _positive(res.action)
+        if not memories:
             _emit("  no memory found")
         else:
-            rows = _scored_rows(mem, res.association[: args.top], 60)
+            rows = _scored_rows(mem, memories[: args.top], 60)
             _emit(_table(["#", "memory", "kind", "score", "label"], rows, right=(0, 3)))
-        if res.action:
+        if actions:
             _emit("  recommended actions:")
             _emit(
                 _table(
                     ["#", "action", "kind", "score", "label"],
-                    _scored_rows(mem, res.action, 60),
+                    _scored_rows(mem, actions, 60),
                     right=(0, 3),
                     indent="    ",
                 )
@@ -171,16 +177,22 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "query",
         parents=[common, device, config],
-        help="ask a store: a text, or a file of texts / structured queries",
-        description="Answers a free-text question (a concept query and an episode query, "
+        help="ask a store: one or more texts, or a file of texts / structured queries",
+        description="Answers free-text questions (each a concept query and an episode query, "
         "mixed) and/or every query of --file, in one batch, through the default pipeline. "
-        "STORE is a store directory, or a notes / graph file (embedded on the fly).",
+        "Rows with score 0 (no evidence) are not listed. STORE is a store directory, or a "
+        "notes / graph file (embedded on the fly).",
         epilog="--file accepts one text per line, or JSON: an array of texts, "
         "MemoryRetrieveQuery objects {tag, variant}, question.json sub-queries "
         "{priority, tag, variant}, a test case {sub_queries} or a whole suite {test_cases}.",
     )
     p.add_argument("store", metavar="STORE", help="store directory (or a notes/graph file)")
-    p.add_argument("text", metavar="TEXT", nargs="?", help="a question in free text")
+    p.add_argument(
+        "text",
+        metavar="TEXT",
+        nargs="*",
+        help="questions in free text (several texts are answered in one batch)",
+    )
     p.add_argument("--file", metavar="QUERIES", help="a file of queries (see below)")
     p.add_argument(
         "--top",
