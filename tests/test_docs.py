@@ -1,0 +1,66 @@
+"""User-facing text points only at files users have.
+
+README.md, ARCHITECTURE.md, docs/ and every module of the package may refer to the behaviour
+spec as ``docs/spec.md §n`` (in the repository), never to files outside it (the original's data,
+a spec next to the checkout). Bare ``SPEC §n`` references are being renamed to
+``docs/spec.md §n`` in one pass at the end; until then that one check is an expected failure.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SPEC = REPO / "docs" / "spec.md"
+
+
+def user_facing_files() -> list[Path]:
+    files = [REPO / "README.md", REPO / "ARCHITECTURE.md"]
+    files += sorted((REPO / "docs").rglob("*.md"))
+    files += sorted((REPO / "soulmem_torch").rglob("*.py"))
+    return [f for f in files if f.is_file()]
+
+
+def hits(pattern: str) -> list[str]:
+    regex = re.compile(pattern)
+    out = []
+    for path in user_facing_files():
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if regex.search(line):
+                out.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    return out
+
+
+def test_no_reference_to_files_outside_the_repository() -> None:
+    found = hits(r"\.\./shared|/work/shared|SPEC\.md|shared/fixtures|shared/STYLE")
+    assert not found, "references to files users do not have:\n" + "\n".join(found)
+
+
+def test_the_spec_has_every_section_docstrings_cite() -> None:
+    text = SPEC.read_text(encoding="utf-8")
+    headings = set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", text, flags=re.M))
+    assert {str(n) for n in range(1, 10)} <= headings, sorted(headings)
+    cited = set()
+    for line in hits(r"(?:SPEC|spec\.md) §"):
+        cited.update(re.findall(r"§\s?(\d+(?:\.\d+)?)", line))
+    missing = sorted(c for c in cited if c not in headings and c.split(".")[0] not in headings)
+    assert not missing, f"docs/spec.md has no section {missing}"
+
+
+def test_spec_links_in_markdown_resolve() -> None:
+    for path in [REPO / "README.md", REPO / "ARCHITECTURE.md"]:
+        for target in re.findall(r"\]\(([^)#\s]+)", path.read_text(encoding="utf-8")):
+            if "://" in target:
+                continue
+            assert (path.parent / target).exists(), f"{path.name} links to missing {target}"
+
+
+@pytest.mark.xfail(strict=False, reason="coordinator's final rename pending")
+def test_no_bare_spec_references() -> None:
+    found = hits(r"(?<![\w/.])SPEC §")
+    assert not found, f"{len(found)} bare 'SPEC §n' references (should be 'docs/spec.md §n'):\n" + (
+        "\n".join(found[:20])
+    )
