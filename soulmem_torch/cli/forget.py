@@ -17,7 +17,7 @@ from soulmem_torch.cli._args import (
     _rfc3339_arg,
     common_parent,
 )
-from soulmem_torch.cli._errors import EXIT_OK, CLIError, _one_line
+from soulmem_torch.cli._errors import EXIT_INTERRUPTED, EXIT_OK, CLIError, _one_line
 from soulmem_torch.cli._forgetting import (
     _changed_notes,
     _days_after,
@@ -55,15 +55,24 @@ def cmd_forget(args: argparse.Namespace) -> int:
     notes = [e.note for e in mem.cluster]
     now = args.now if args.now is not None else _days_after(_newest_create_time(notes), args.days)
     _info(args, f"forgetting over {len(notes)} notes of {store} at {now} with {llm_name}")
-    report = asyncio.run(
-        mem.forget(
-            now=now,
-            llm=llm,
-            progress=_show_progress(args),
-            concurrency=args.concurrency,
-            timeout=args.timeout,
+    try:
+        report = asyncio.run(
+            mem.forget(
+                now=now,
+                llm=llm,
+                progress=_show_progress(args),
+                concurrency=args.concurrency,
+                timeout=args.timeout,
+            )
         )
-    )
+    except (asyncio.CancelledError, SystemExit, KeyboardInterrupt) as exc:
+        # forgetting is all or nothing: an interrupted run changed no note and saved nothing
+        detail = f"{type(exc).__name__}" + (f": {exc}" if str(exc) else "")
+        raise CLIError(
+            f"forgetting was interrupted ({detail}); no note was changed and the store was "
+            "not rewritten",
+            EXIT_INTERRUPTED,
+        ) from None
     llm_failures = [f for f in report.failures if f.stage == "llm"]
     if llm is not None and llm_failures and report.revised == 0:
         first = llm_failures[0].error
@@ -160,7 +169,9 @@ def add_parser(sub: Any) -> None:
         "--timeout",
         type=_positive_float,
         metavar="S",
-        help="seconds one LLM call may take (default: no limit)",
+        default=60.0,
+        help="seconds one LLM call may take (default 60; a blocking plain callable is "
+        "abandoned in its worker thread)",
     )
     p.add_argument("--dry-run", action="store_true", help="report only; do not save")
     p.add_argument(

@@ -514,17 +514,37 @@ async def forget_cluster(
                 if result is not None and result.changed:
                     report.aligned.append(note.id)
 
+    abort: list[BaseException] = []
+    workers: list[asyncio.Future[None]] = []
+
     async def worker() -> None:
         for i in pending:  # one shared iterator: each index is taken by exactly one worker
+            if abort:
+                return
             try:
                 await forget_one(i)
+            except (KeyboardInterrupt, SystemExit) as exc:
+                # Raised by the LLM: stop every worker here, inside the tasks (escaping a task,
+                # it would tear the event loop down with the other workers still pending).
+                abort.append(exc)
+                for other in workers:
+                    other.cancel()
+                return
             finally:
                 bar.update(1)
 
+    workers.extend(
+        asyncio.ensure_future(worker()) for _ in range(min(cfg.concurrency, len(todo)))
+    )
     try:
-        await asyncio.gather(*(worker() for _ in range(min(cfg.concurrency, len(todo)))))
+        outcomes = await asyncio.gather(*workers, return_exceptions=True)
     finally:
         bar.close()
+    if abort:  # nothing was written: re-raise to the caller
+        raise abort[0]
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
     report.actions = {notes[i].id: a for i, a in enumerate(actions) if a is not None}
     # completion order depends on the LLM's latency; report in note order instead
     report.failures.sort(key=lambda f: adapter.index.get(f.note_id, len(notes)))
