@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from soulmem_torch.errors import ValidationError
+from soulmem_torch.errors import SoulMemError, ValidationError
 from soulmem_torch.model import MemoryId, MemoryNote
 from soulmem_torch.model.query import MemoryRetrieveQuery
 from soulmem_torch.retrieve import (
@@ -32,7 +32,12 @@ from soulmem_torch.retrieve import (
     mix_by_priority,
 )
 
-__all__ = ["SoulMem", "note_label", "text_queries"]
+__all__ = ["EventLoopRunningError", "SoulMem", "note_label", "text_queries"]
+
+
+class EventLoopRunningError(SoulMemError, RuntimeError):
+    """A synchronous convenience (:meth:`SoulMem.forget_sync`) was called inside a running
+    event loop, where it would block that loop: ``await`` the async method instead."""
 
 
 def text_queries(text: str, *, tags: Sequence[str] = ()) -> list[MemoryRetrieveQuery]:
@@ -77,12 +82,27 @@ def note_label(note: MemoryNote, *, width: int = 60) -> str:
 class SoulMem:
     """A working memory with an embedder, answering batched queries.
 
+    Notes are embedded (in batched embedder calls) when they are added; :meth:`ask` (free
+    text), :meth:`query` (structured queries), :meth:`similar` and :meth:`associate` answer a
+    whole batch at once; :meth:`save` / :meth:`load` keep it in a store directory;
+    :meth:`forget` (async) or :meth:`forget_sync` ages it.
+
     Args:
         embedder: batch of strings → ``(n, D)`` tensor; ``None`` → the offline
             :class:`~soulmem_torch.embedding.HashingEmbedder`.
         device: where retrieval runs: ``None`` (CPU), ``"auto"``, ``"cuda"``, … .
         window_capacity: size of the short-term sliding window.
         llm: async ``(system, user) -> str`` used for window summaries.
+
+    Example:
+        >>> from soulmem_torch import SoulMem
+        >>> from soulmem_torch.data import sample_memory_path
+        >>> mem = SoulMem.from_graph_file(sample_memory_path())
+        >>> mem  # doctest: +ELLIPSIS
+        SoulMem(77 notes, 212 links, embedder=HashingEmbedder, device=cpu, window 0/20)
+        >>> (result,) = mem.ask("谁教我做桂花糕？")
+        >>> [name for name, score in mem.describe(result.association[:2])]  # doctest: +SKIP
+        ['sit_grandma_recipe', 'sem_grandma']
     """
 
     def __init__(
@@ -112,6 +132,15 @@ class SoulMem:
     def __len__(self) -> int:
         return len(self.cluster)
 
+    def __repr__(self) -> str:
+        window = self.working_memory.sliding_window
+        device = self.device if self.device is not None else "cpu"
+        return (
+            f"SoulMem({len(self)} notes, {self.cluster.num_links} links, "
+            f"embedder={type(self.embedder).__name__}, device={device}, "
+            f"window {len(window)}/{window.capacity})"
+        )
+
     def add_notes(
         self, notes: Iterable[MemoryNote], *, readable_ids: dict[MemoryId, str] | None = None
     ) -> int:
@@ -127,6 +156,22 @@ class SoulMem:
 
     @classmethod
     def from_notes(cls, notes: Iterable[MemoryNote], **kwargs: Any) -> SoulMem:
+        """A memory holding ``notes``, embedded now in batched calls.
+
+        Args:
+            notes: the notes (links to notes not among them are kept pending until those
+                notes are added, see :class:`~soulmem_torch.runtime.MemoryCluster`).
+            **kwargs: the constructor's (``embedder``, ``device``, ``window_capacity``,
+                ``llm``).
+
+        Example:
+            >>> from soulmem_torch import MemoryNote, SemMemory, SoulMem
+            >>> cake = SemMemory(content="osmanthus cake", aliases=["桂花糕"],
+            ...                  concept_type="Entity", description="Grandma's recipe")
+            >>> mem = SoulMem.from_notes([MemoryNote.build(cake, tags=["food"])])
+            >>> len(mem)
+            1
+        """
         mem = cls(**kwargs)
         mem.add_notes(notes)
         return mem
@@ -291,9 +336,56 @@ class SoulMem:
         progress: bool = False,
         **options: Any,
     ) -> Any:
-        """Lazy forgetting over every note (masking, LLM reconstruction, re-embedding)."""
+        """Lazy forgetting over every note (masking, LLM reconstruction, re-embedding).
+
+        A **coroutine**: ``report = await mem.forget(now=...)`` inside async code. Calling it
+        without ``await`` does nothing (Python only warns "coroutine ... was never awaited");
+        from plain synchronous code use :meth:`forget_sync`.
+
+        Args:
+            now: the time to forget at (aware UTC; ``None`` → now).
+            llm: async (or plain) ``(system, user) -> str`` that reconstructs heavily masked
+                text; ``None`` → mask only.
+            progress: show a progress bar.
+            **options: passed to :func:`~soulmem_torch.forget.forget_cluster`
+                (``concurrency``, ``timeout``, …).
+
+        Returns:
+            the :class:`~soulmem_torch.forget.ForgetReport`.
+        """
         from soulmem_torch.forget import forget_cluster
 
         return await forget_cluster(
             self.cluster, llm, now=now, embedder=self.embedder, progress=progress, **options
+        )
+
+    def forget_sync(
+        self,
+        *,
+        now: datetime | None = None,
+        llm: Any = None,
+        progress: bool = False,
+        **options: Any,
+    ) -> Any:
+        """:meth:`forget` for synchronous code: runs the coroutine to completion and returns
+        its report.
+
+        Raises:
+            RuntimeError (also a ``SoulMemError``): when called while an event loop is running
+                in this thread (inside ``async`` code or a notebook cell's loop), where
+                ``await mem.forget(...)`` is the call to make.
+        """
+        import asyncio
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise EventLoopRunningError(
+                "forget_sync: an event loop is already running in this thread; use "
+                "`await mem.forget(...)` here instead"
+            )
+        return asyncio.run(
+            self.forget(now=now, llm=llm, progress=progress, **options)
         )

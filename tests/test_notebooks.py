@@ -43,6 +43,19 @@ def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.Monkey
         if out.get("output_type") == "error"
     ]
     assert not errors
+    if name == "01_quickstart":  # no warnings in what a reader sees; both figures drawn
+        stderr = [
+            out["text"]
+            for cell in nb.cells
+            if cell.cell_type == "code"
+            for out in cell.get("outputs", [])
+            if out.get("output_type") == "stream" and out.get("name") == "stderr"
+        ]
+        assert not stderr, stderr
+        assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+            "memory_graph.png",
+            "query_ppr.png",
+        ]
     if name == "02_benchmarks":
         assert sorted(p.name for p in tmp_path.glob("*.png")) == [
             "ppr_cpu_vs_gpu.png",
