@@ -178,7 +178,7 @@ class SoulMem:
 
     @classmethod
     def from_graph_file(cls, path: str | Path, **kwargs: Any) -> SoulMem:
-        """From an evaluation-graph file (SPEC §9), keeping the readable ids."""
+        """From an evaluation-graph file (docs/spec.md §9), keeping the readable ids."""
         from soulmem_torch.model.soul_tune import load_soul_tune_graph
 
         graph = load_soul_tune_graph(path)

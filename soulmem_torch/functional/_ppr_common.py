@@ -1,5 +1,5 @@
 """What the PPR kernels share: argument checks, personalization preparation, statistics,
-column sums (SPEC §6).
+column sums (docs/spec.md §6).
 
 Conventions (damping, row-stochastic ``P``, the dangling rule, ``(N, B)`` personalization):
 see :mod:`soulmem_torch.functional.ppr`.

@@ -1,4 +1,4 @@
-"""Personalized PageRank kernels (SPEC §6).
+"""Personalized PageRank kernels (docs/spec.md §6).
 
 Conventions used by every function here:
 

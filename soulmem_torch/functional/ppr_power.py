@@ -1,5 +1,5 @@
 """Batched weighted power iteration to a certified L1 tolerance, and the original's unweighted
-``naive_ppr`` (SPEC §6, §6.2).
+``naive_ppr`` (docs/spec.md §6, §6.2).
 
 Conventions (damping, row-stochastic ``P``, the dangling rule, ``(N, B)`` personalization):
 see :mod:`soulmem_torch.functional.ppr`.
@@ -237,7 +237,7 @@ def _reachable_subproblem(
 
 
 # ------------------------------------------------------------------------------------------
-# The original's unweighted naive power iteration (SPEC §6.2)
+# The original's unweighted naive power iteration (docs/spec.md §6.2)
 # ------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Batched, vectorized forward push over ``(N, B)`` residues (SPEC §6).
+"""Batched, vectorized forward push over ``(N, B)`` residues (docs/spec.md §6).
 
 Conventions (damping, row-stochastic ``P``, the dangling rule, ``(N, B)`` personalization):
 see :mod:`soulmem_torch.functional.ppr`.

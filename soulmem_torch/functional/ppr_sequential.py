@@ -1,5 +1,5 @@
 """Sequential forward push: the original's ``weighted_ppr_fp``, exactly, in plain Python on the
-CPU -- the parity oracle (SPEC §6.1).
+CPU -- the parity oracle (docs/spec.md §6.1).
 
 Conventions (damping, row-stochastic ``P``, the dangling rule, ``(N, B)`` personalization):
 see :mod:`soulmem_torch.functional.ppr`.
@@ -44,7 +44,7 @@ def ppr_sequential_push(
     """The original's weighted forward push (``weighted_ppr_fp``), operation for operation.
 
     This is the parity oracle: a plain-Python loop on the CPU, float64, reproducing the
-    original's float operation order (SPEC §6.1):
+    original's float operation order (docs/spec.md §6.1):
 
     1. ``residue = personalization / sum`` (divided only when the sum is not exactly 1),
        ``reserve = 0``; ``n_src`` = number of keys (zero-weight keys count).

@@ -1,5 +1,5 @@
 """The prepared transition operator of a graph (normalized weights folded into CSR values once)
-for the batched PPR kernels (SPEC §6).
+for the batched PPR kernels (docs/spec.md §6).
 
 Conventions (damping, row-stochastic ``P``, the dangling rule, ``(N, B)`` personalization):
 see :mod:`soulmem_torch.functional.ppr`.
