@@ -17,6 +17,7 @@ from soulmem_torch.functional.edge_weights import (
     out_weight_sum,
 )
 from soulmem_torch.functional.ppr import (
+    MAX_POWER_STEPS,
     PushStats,
     TransitionOperator,
     build_transition,
@@ -46,6 +47,7 @@ __all__ = [
     "stable_topk",
     "string_distance_score",
     "topk",
+    "MAX_POWER_STEPS",
     "PREFERENCE_SEMANTIC",
     "PREFERENCE_SITUATION",
     "PushStats",

@@ -177,8 +177,15 @@ def _prepare_personalization(
         # locate the offending entry only when something is wrong.
         lowest, worst_total = p.min(), total.abs().max()
         if not bool(torch.isfinite(worst_total)):
-            bad = ~torch.isfinite(p)
-            node, col = (int(v) for v in bad.nonzero()[0])
+            bad = (~torch.isfinite(p)).nonzero()
+            if bad.shape[0] == 0:  # every entry finite, but a column's sum overflows
+                col = int((~torch.isfinite(total)).nonzero()[0, 0])
+                raise ValidationError(
+                    f"personalization: expected column sums that fit a float64, found column "
+                    f"{col} summing to {total[col].item()} (largest entry "
+                    f"{p[:, col].max().item():.3g}); scale the weights down"
+                )
+            node, col = (int(v) for v in bad[0])
             raise ValidationError(
                 "personalization: expected finite entries, found "
                 f"{p[node, col].item()} at node {node} (column {col})"

@@ -61,6 +61,7 @@ from soulmem_torch.functional._ppr_common import (
     _Queries,
 )
 from soulmem_torch.functional.ppr_power import (
+    MAX_POWER_STEPS,
     _power_loop,
     _reachable_subproblem,
     _to_dev,
@@ -80,6 +81,7 @@ from soulmem_torch.functional.transition import (
 )
 
 __all__ = [
+    "MAX_POWER_STEPS",
     "PushStats",
     "TransitionOperator",
     "build_transition",

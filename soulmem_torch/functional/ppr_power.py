@@ -32,7 +32,14 @@ from soulmem_torch.functional.transition import (
     _to,
 )
 
-__all__ = ["power_iteration_steps", "ppr_naive", "ppr_power_iteration"]
+__all__ = ["MAX_POWER_STEPS", "power_iteration_steps", "ppr_naive", "ppr_power_iteration"]
+
+MAX_POWER_STEPS: int = 10_000
+"""The most steps :func:`ppr_power_iteration` runs. The certified step count
+``ceil(ln tol / ln d) - 1`` grows like ``1 / (1 - d)``: damping 0.999999 at ``tol`` 1e-6 would
+need 13.8M steps. Above this cap (e.g. ``d > 0.998`` at ``tol = 1e-9``; the configs bound
+``damping_factor`` to 0.99) a clear :class:`~soulmem_torch.errors.ValidationError` names the
+damping and the tolerance."""
 
 
 def power_iteration_steps(damping: float, tol: float) -> int:
@@ -47,12 +54,21 @@ def power_iteration_steps(damping: float, tol: float) -> int:
 
     Returns:
         ``K`` >= 0.
+
+    Raises:
+        ValidationError: bad damping or tol, or ``K`` above :data:`MAX_POWER_STEPS`.
     """
     d = _check_damping(damping)
     tol = _check_positive("tol", tol)
     if d == 0.0 or tol >= 1.0:
         return 0
     k = max(math.ceil(math.log(tol) / math.log(d)) - 1, 0)
+    if k > MAX_POWER_STEPS:
+        raise ValidationError(
+            f"damping / tol: damping={d!r} with tol={tol!r} needs {k} power-iteration steps, "
+            f"more than MAX_POWER_STEPS={MAX_POWER_STEPS}; use a smaller damping (at most "
+            f"{math.exp(math.log(tol) / (MAX_POWER_STEPS + 1)):.6f} for this tol) or a larger tol"
+        )
     while d ** (k + 1) > tol:  # guard against the log ratio rounding down
         k += 1
     return k
@@ -95,7 +111,7 @@ def ppr_power_iteration(
         damping: in [0, 1). Continue probability (default 0.65). ``0`` returns the
             normalized personalization.
         tol: finite, > 0. Target L1 tolerance (see above); the default mode, ``1e-6``.
-        num_steps: >= 0. Fixed step count instead of ``tol`` (not both).
+        num_steps: in [0, MAX_POWER_STEPS]. Fixed step count instead of ``tol`` (not both).
         validate: check the personalization (host syncs); ``False`` only for trusted input.
         dtype: ``torch.float64`` (default) or ``torch.float32``: the iterate's and ``P^T``'s
             precision. float32 halves the memory traffic (the cost of each step) and keeps the
@@ -112,7 +128,8 @@ def ppr_power_iteration(
         normalized to sum 1. An empty graph (``N = 0``) gives an empty result.
 
     Raises:
-        ValidationError: bad damping / tol / num_steps / personalization / key_mask.
+        ValidationError: bad damping / tol / num_steps / personalization / key_mask, or a
+            damping and tol that need more than :data:`MAX_POWER_STEPS` steps.
     """
     _check_operator(operator)
     d = _check_damping(damping)
@@ -127,6 +144,10 @@ def ppr_power_iteration(
         steps = power_iteration_steps(d, 1e-6 if tol is None else tol)
     else:
         steps = _check_count("num_steps", num_steps, minimum=0)
+        if steps > MAX_POWER_STEPS:
+            raise ValidationError(
+                f"num_steps: expected at most MAX_POWER_STEPS={MAX_POWER_STEPS}, found {steps}"
+            )
     n = operator.num_nodes
     q = _prepare_personalization(
         personalization.to(operator.device), _to(key_mask, operator), n, validate=validate

@@ -82,7 +82,8 @@ def ppr_sequential_push(
 
     Raises:
         ValidationError: bad damping / threshold / shapes, out-of-range or duplicate keys,
-            negative / NaN weights, non-positive personalization sum.
+            negative / NaN edge or key weights, a non-positive or overflowing personalization
+            sum.
     """
     d = _check_damping(damping)
     thr = _check_positive("threshold", threshold)
@@ -90,6 +91,11 @@ def ppr_sequential_push(
     max_iterations = _check_count("max_iterations", max_iterations, minimum=0)
     _check_edge_index(edge_index, n)
     _check_edge_weight(edge_weight, edge_index.shape[1])
+    if edge_weight.numel() and bool((edge_weight < 0).any()):
+        e = int((edge_weight < 0).nonzero()[0, 0])
+        raise ValidationError(
+            f"edge_weight: expected weights >= 0, found {edge_weight[e].item()} at edge {e}"
+        )
     if not isinstance(personalization_index, Tensor) or personalization_index.dim() != 1:
         raise ValidationError("personalization_index: expected an integer tensor of shape (K,)")
     if personalization_index.dtype.is_floating_point or personalization_index.dtype == torch.bool:
@@ -131,6 +137,11 @@ def ppr_sequential_push(
     if not psum > 0:
         raise ValidationError(
             f"personalization_weight: expected a positive sum, found {psum} ({len(keys)} keys)"
+        )
+    if not math.isfinite(psum):
+        raise ValidationError(
+            f"personalization_weight: expected a sum that fits a float64, found {psum} "
+            f"(largest weight {max(bias):.3g}); scale the weights down"
         )
     if psum != 1.0:
         bias = [b / psum for b in bias]

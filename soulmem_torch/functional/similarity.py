@@ -150,7 +150,8 @@ def cosine_scores(query: Tensor, x: Tensor) -> Tensor:
         shape (B, N) (or (N,)), float32; 0 wherever either vector is all zeros.
 
     Raises:
-        ValidationError: widths differ or a tensor is not 1-/2-D.
+        ValidationError: widths differ, a tensor is not 1-/2-D, or a query holds NaN / inf
+            (it would score NaN against every note).
     """
     squeeze = query.dim() == 1
     q = query.unsqueeze(0) if squeeze else query
@@ -162,6 +163,12 @@ def cosine_scores(query: Tensor, x: Tensor) -> Tensor:
     if q.shape[1] != x.shape[1]:
         raise ValidationError(
             f"x: expected width D = {q.shape[1]} (that of query), found {x.shape[1]}"
+        )
+    if q.numel() and not bool(torch.isfinite(q).all()):
+        row = int((~torch.isfinite(q)).any(dim=1).nonzero()[0, 0])
+        raise ValidationError(
+            f"query: expected finite values, found NaN or inf in row {row} "
+            f"({q[row][~torch.isfinite(q[row])][0].item()})"
         )
     out = normalize_rows(q) @ normalize_rows(x).T
     return out.squeeze(0) if squeeze else out

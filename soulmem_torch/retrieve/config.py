@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 __all__ = [
     "AUTO_SEQUENTIAL_MAX_NODES",
+    "MAX_DAMPING_FACTOR",
     "AssociateWithActionConfig",
     "AssociationConfig",
     "BayesActionConfig",
@@ -50,6 +51,11 @@ class TypePreference(str, Enum):
 
 AUTO_SEQUENTIAL_MAX_NODES = 4096
 """``method="auto"`` runs the exact sequential push on CPU graphs up to this many notes."""
+
+MAX_DAMPING_FACTOR = 0.99
+"""Largest ``AssociationConfig.damping_factor``. The work of every PPR method grows like
+``1 / (1 - damping)``; at 0.99 the power iteration needs 2,061 steps for ``power_tol`` 1e-9
+(its cap, ``functional.ppr.MAX_POWER_STEPS``, is 10,000), while 0.999999 would need millions."""
 
 
 class PprMethod(str, Enum):
@@ -115,7 +121,13 @@ class AssociationConfig(BaseModel):
     confidence_factor: float | None = Field(
         default=None, ge=0.0, allow_inf_nan=False, description="None → 0.8."
     )
-    damping_factor: float = Field(default=0.65, ge=0.0, lt=1.0, description="In [0, 1).")
+    damping_factor: float = Field(
+        default=0.65,
+        ge=0.0,
+        le=MAX_DAMPING_FACTOR,
+        description="In [0, 0.99]: continue probability (restart = 1 - damping); bounded so "
+        "every PPR method stops within its step cap (see MAX_DAMPING_FACTOR).",
+    )
     residue_threshold: float = Field(default=1e-5, gt=0.0, allow_inf_nan=False)
     preference: TypePreference = TypePreference.SITUATION
     top_k: int = Field(default=8, ge=1)
