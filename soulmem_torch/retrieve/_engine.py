@@ -84,8 +84,10 @@ def batch_chunk_size(num_nodes: int, batch: int, *, budget: int | None = None) -
     """How many of ``batch`` queries on a ``num_nodes``-note memory run at once.
 
     ``budget // (num_nodes * BATCH_BYTES_PER_NOTE)``, clamped to ``[1, batch]``: a call's extra
-    memory stays ``O(num_nodes x chunk)`` whatever the batch size. Columns never interact, so
-    results are identical for any chunk size.
+    memory stays ``O(num_nodes x chunk)`` whatever the batch size. Queries never interact, so a
+    query gets the same notes in the same order in any chunk; its scores are those of a batch
+    of the chunk's size (the forward push is bit-identical for any batch; a BLAS / sparse
+    product may round the last bits differently for another batch shape).
 
     Args:
         num_nodes: >= 0. Notes in the memory.

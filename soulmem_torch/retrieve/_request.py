@@ -43,8 +43,8 @@ def run_grouped(
     Groups of ``(request, MemoryGraph)`` pairs are run in chunks of
     :func:`~soulmem_torch.retrieve._engine.batch_chunk_size` requests (from the memory budget,
     env ``SOULMEM_MAX_BATCH_BYTES``), so every stage of ``run`` sees at most one chunk and a
-    call's extra memory stays ``O(N x chunk)``. Columns never interact: results are identical
-    for any chunk size.
+    call's extra memory stays ``O(N x chunk)``. Queries never interact: the same notes in the
+    same order for any chunk size (scores as for a batch of the chunk's size).
     """
     groups: dict[Hashable, list[int]] = {}
     for i, request in enumerate(requests):
