@@ -969,6 +969,14 @@ class MemoryStore:
                     raise  # not a concurrent swap: the live version itself is bad
         return self._load_version(self._current_dir())
 
+    def manifest(self) -> dict[str, Any]:
+        """The live version's manifest alone (parsed and checksum-verified; no data files).
+
+        Raises:
+            StoreDamagedError / StoreError: as :meth:`load`.
+        """
+        return self._read_manifest(self._current_dir() / MANIFEST_FILE)
+
     def _load_version(self, version_dir: Path) -> StoreContents:
         manifest = self._read_manifest(version_dir / MANIFEST_FILE)
         data = self._read_verified(version_dir, manifest)

@@ -11,6 +11,8 @@ Commands (``soulmem COMMAND --help`` for every flag)::
                    [--device D]
     soulmem forget STORE (--now TIME | --days N) (--llm MOD:FUNC | --fake | --mask-only)
                    [--concurrency N] [--timeout S] [--dry-run] [--show N] [--json]
+    soulmem versions STORE [--json]
+    soulmem restore  STORE VERSION
 
 STORE is a store directory (:class:`~soulmem_torch.store.MemoryStore`); ``query`` and ``export``
 also accept a notes file (serde JSON / JSON Lines, or an evaluation graph) in its place.
@@ -50,7 +52,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 
-from soulmem_torch.cli import add, demo, export, forget, import_, query, schema
+from soulmem_torch.cli import add, demo, export, forget, import_, query, restore, schema, versions
 from soulmem_torch.cli import eval as eval_
 from soulmem_torch.cli._errors import (
     EXIT_INTERRUPTED,
@@ -93,7 +95,7 @@ __all__ = [
 ]
 
 #: The command modules, in ``--help`` order; each has ``add_parser(sub)``.
-COMMANDS = [demo, query, add, import_, export, schema, eval_, forget]
+COMMANDS = [demo, query, add, import_, export, schema, eval_, forget, versions, restore]
 
 _EPILOG = """\
 exit status: 0 ok, 1 runtime error (missing/corrupt file, bad config, failing LLM, ...),

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from soulmem_torch.cli._errors import CLIError
-from soulmem_torch.cli._output import _clip, _emit, _show_progress
+from soulmem_torch.cli._output import _clip, _emit, _show_progress, progress_bar
 
 
 def _resolve_device(name: str | None) -> str | None:
@@ -82,8 +82,14 @@ def _detect_format(text: str, source: str) -> str:
     return "graph"
 
 
-def _read_notes_file(path: str | Path, fmt: str = "auto") -> tuple[list[Any], dict[Any, str], str]:
-    """``(notes, readable_ids, format)`` from a serde JSON / JSON Lines or an evaluation graph."""
+def _read_notes_file(
+    path: str | Path, fmt: str = "auto", *, on_duplicate: str = "reject"
+) -> tuple[list[Any], dict[Any, str], str]:
+    """``(notes, readable_ids, format)`` from a serde JSON / JSON Lines or an evaluation graph.
+
+    ``on_duplicate`` (serde files): a note id given twice is an error naming both lines
+    (``reject``) or keeps the ``first`` / ``last`` copy; a graph's readable ids must be unique.
+    """
     from soulmem_torch.model.serde_io import parse_notes_text
     from soulmem_torch.model.soul_tune import parse_soul_tune_graph
 
@@ -98,21 +104,17 @@ def _read_notes_file(path: str | Path, fmt: str = "auto") -> tuple[list[Any], di
             raise CLIError(f"{source}: not valid JSON ({exc})") from None
         graph = parse_soul_tune_graph(data, source=source)
         return graph.notes, graph.readable_ids, fmt
-    notes = parse_notes_text(text, source=source)
+    notes = parse_notes_text(text, source=source, on_duplicate=on_duplicate)
     return notes, {}, fmt
 
 
 def _embed_with_progress(notes: Sequence[Any], embedder: Any, *, progress: bool) -> list[Any]:
-    """``embed_notes`` in chunks, with a tqdm bar on long inputs."""
-    from tqdm.auto import tqdm
-
+    """``embed_notes`` in chunks, with a progress bar (on an interactive stderr)."""
     from soulmem_torch.embedding import embed_notes
 
     chunk = 256
     out: list[Any] = []
-    with tqdm(
-        total=len(notes), desc="embed", unit="note", disable=not progress, leave=False
-    ) as bar:
+    with progress_bar(len(notes), "embed", "notes", enabled=progress) as bar:
         for start in range(0, len(notes), chunk):
             part = notes[start : start + chunk]
             out.extend(embed_notes(part, embedder))
@@ -120,10 +122,11 @@ def _embed_with_progress(notes: Sequence[Any], embedder: Any, *, progress: bool)
     return out
 
 
-def _new_memory(**kwargs: Any) -> Any:
-    from soulmem_torch.api import SoulMem
+def _new_memory(args: argparse.Namespace | None = None, **kwargs: Any) -> Any:
+    """An empty memory with ``--embedder`` (default hashing), recorded when it is saved."""
+    from soulmem_torch.cli._store import new_store_memory
 
-    return SoulMem(**kwargs)
+    return new_store_memory(args or argparse.Namespace(), None, **kwargs)
 
 
 def _open_memory(path: str, args: argparse.Namespace, **kwargs: Any) -> Any:
@@ -131,16 +134,16 @@ def _open_memory(path: str, args: argparse.Namespace, **kwargs: Any) -> Any:
     p = Path(path)
     if not p.exists():
         raise CLIError(f"store {path}: no such directory")
-    from soulmem_torch.api import SoulMem
+    from soulmem_torch.cli._store import load_store_memory
 
     if p.is_file():
         notes, readable, _ = _read_notes_file(p)
-        mem = SoulMem(**kwargs)
+        mem = _new_memory(args, **kwargs)
         embeddings = _embed_with_progress(notes, mem.embedder, progress=_show_progress(args))
         mem.working_memory.add_nodes(notes, embeddings)
         mem.readable_ids.update(readable)
         return mem
-    return SoulMem.load(p, **kwargs)
+    return load_store_memory(args, p, **kwargs)
 
 
 def _kind(note: Any) -> str:

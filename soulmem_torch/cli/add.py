@@ -33,6 +33,7 @@ from soulmem_torch.cli._memory import (
     _open_memory,
 )
 from soulmem_torch.cli._output import _clip, _emit, _show_progress
+from soulmem_torch.cli._store import embedder_parent
 
 _NAME = re.compile(r"^\S+$")
 _HEX_PREFIX = re.compile(r"^[0-9a-fA-F-]{8,36}$")
@@ -258,7 +259,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     from soulmem_torch.store import MemoryStore
 
     notes: list[Any] = _notes_from_input(args.notes) if kind == "notes" else []
-    mem = _open_memory(store, args) if MemoryStore(store).exists() else _new_memory()
+    mem = _open_memory(store, args) if MemoryStore(store).exists() else _new_memory(args)
     names: dict[Any, str] = {}
     if kind != "notes":
         if args.name is not None and args.name in mem.readable_ids.values():
@@ -342,7 +343,7 @@ def add_parser(sub: Any) -> None:
     """Registers ``soulmem add``."""
     p = sub.add_parser(
         "add",
-        parents=[common_parent()],
+        parents=[common_parent(), embedder_parent()],
         help="add a note (from flags, or serde JSON notes from a file / stdin) to a store",
         description="Adds one note from flags, or serde notes from --notes FILE (- for "
         "stdin), embeds it with the store's embedder and saves the store atomically (it is "

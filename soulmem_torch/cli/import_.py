@@ -17,6 +17,7 @@ from soulmem_torch.cli._memory import (
     _read_notes_file,
 )
 from soulmem_torch.cli._output import _emit, _show_progress
+from soulmem_torch.cli._store import embedder_parent
 
 
 def _store_arg(args: argparse.Namespace) -> str:
@@ -33,13 +34,25 @@ def cmd_import(args: argparse.Namespace) -> int:
     store = _store_arg(args)
     if Path(store).exists() and not Path(store).is_dir():
         raise CLIError(f"store {store}: exists and is not a directory")
-    notes, readable, fmt = _read_notes_file(args.file, args.format)
+    notes, readable, fmt = _read_notes_file(args.file, args.format, on_duplicate=args.on_duplicate)
     if not notes:
         raise CLIError(f"{args.file}: no notes in it")
     from soulmem_torch.store import MemoryStore
 
+    # Read → merge → write under the store's writer lock: concurrent imports each extend the
+    # newest version (never overwrite one another); a damaged store is refused by the load
+    # (or, with --replace, by the save) with its recovery path.
+    with MemoryStore(store).lock():
+        return _import_locked(args, store, notes, readable, fmt)
+
+
+def _import_locked(
+    args: argparse.Namespace, store: str, notes: list[Any], readable: dict[Any, str], fmt: str
+) -> int:
+    from soulmem_torch.store import MemoryStore
+
     merge = MemoryStore(store).exists() and not args.replace
-    mem = _open_memory(store, args) if merge else _new_memory()
+    mem = _open_memory(store, args) if merge else _new_memory(args)
     if merge:
         taken = {rid: mid for mid, rid in mem.readable_ids.items()}
         clash = [rid for mid, rid in readable.items() if taken.get(rid, mid) != mid]
@@ -75,13 +88,15 @@ def add_parser(sub: Any) -> None:
     common = common_parent()
     p = sub.add_parser(
         "import",
-        parents=[common],
+        parents=[common, embedder_parent()],
         help="embed a notes file (serde JSON / JSON Lines, or an evaluation graph) into a store",
         description="Reads Rust serde notes (JSON Lines, one note per line, or a JSON array) or "
-        "an evaluation graph (SPEC §9: readable string ids, no times), embeds them with the "
-        "offline hashing embedder and saves them atomically into STORE (default: "
-        "$SOULMEM_STORE, else ./soulmem_store). Graph imports keep their readable ids. An "
-        "existing store is extended (notes already in it are skipped) unless --replace.",
+        "an evaluation graph (SPEC §9: readable string ids, no times), embeds them (--embedder; "
+        "default: the store's own, else the offline hashing embedder) and saves them atomically "
+        "into STORE (default: $SOULMEM_STORE, else ./soulmem_store). Graph imports keep their "
+        "readable ids. An existing store is extended (notes already in it are skipped) unless "
+        "--replace. Imports into one store at once are serialized by the store's lock; each "
+        "extends the newest version.",
     )
     p.add_argument("file", metavar="FILE", help="the notes file to import")
     p.add_argument("store", metavar="STORE", nargs="?", help="store directory")
@@ -100,5 +115,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--replace", action="store_true", help="replace the store's notes instead of adding to them"
+    )
+    p.add_argument(
+        "--on-duplicate",
+        choices=["reject", "first", "last"],
+        default="reject",
+        help="a note id given twice in FILE: reject the file naming both lines (default), or "
+        "keep the first / last copy",
     )
     p.set_defaults(func=cmd_import)

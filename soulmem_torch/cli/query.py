@@ -19,6 +19,7 @@ from soulmem_torch.cli._memory import (
     _scored_rows,
 )
 from soulmem_torch.cli._output import _clip, _emit, _table
+from soulmem_torch.cli._store import embedder_parent
 
 
 def _read_queries_file(path: str) -> list[tuple[str, Any, int]]:
@@ -176,7 +177,7 @@ def add_parser(sub: Any) -> None:
     config = config_parent()
     p = sub.add_parser(
         "query",
-        parents=[common, device, config],
+        parents=[common, device, config, embedder_parent()],
         help="ask a store: one or more texts, or a file of texts / structured queries",
         description="Answers free-text questions (each a concept query and an episode query, "
         "mixed) and/or every query of --file, in one batch, through the default pipeline. "
