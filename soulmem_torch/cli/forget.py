@@ -29,6 +29,7 @@ from soulmem_torch.cli._forgetting import (
 from soulmem_torch.cli._llm import _load_llm
 from soulmem_torch.cli._memory import _short_id
 from soulmem_torch.cli._output import _emit, _info, _quiet_libraries, _show_progress
+from soulmem_torch.cli._store import embedder_parent, load_store_memory
 
 
 def cmd_forget(args: argparse.Namespace) -> int:
@@ -49,9 +50,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
     else:
         llm, llm_name = None, "no LLM (mask only)"
     _quiet_libraries(args)
-    from soulmem_torch.api import SoulMem
-
-    mem = SoulMem.load(store)
+    mem = load_store_memory(args, store)  # the store's embedder (or --embedder), checked
     notes = [e.note for e in mem.cluster]
     now = args.now if args.now is not None else _days_after(_newest_create_time(notes), args.days)
     _info(args, f"forgetting over {len(notes)} notes of {store} at {now} with {llm_name}")
@@ -121,7 +120,7 @@ def add_parser(sub: Any) -> None:
     common = common_parent()
     p = sub.add_parser(
         "forget",
-        parents=[common],
+        parents=[common, embedder_parent()],
         help="run forgetting over a store (mask, reconstruct with an LLM, re-embed, save)",
         description="Decays every note by the Ebbinghaus curve at the given time, masks "
         "forgotten words, asks the LLM to reconstruct heavily masked text, re-embeds the "

@@ -223,3 +223,49 @@ def test_embedder_is_recorded_reused_and_checked(
     assert contents.embedder_identity.spec == "hashing" and len(contents.notes) == 5
     code, out, err = run(capsys, "query", store, "concept 9", "--json")  # hashing reused
     assert code == 0 and "re-embedded" not in err
+
+
+def test_forget_uses_the_stores_embedder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "emb.py").write_text(EMBEDDERS, encoding="utf-8")
+    spec = f"{tmp_path}/emb.py:shuffled"
+    store = tmp_path / "s"
+    src = _jsonl(tmp_path / "n.jsonl", [_line(i) for i in range(4)])
+    assert run(capsys, "import", src, store, "--embedder", spec)[0] == 0
+    code, _, err = run(capsys, "forget", store, "--days", "30", "--mask-only", "--embedder", spec)
+    assert code == 0, err
+    assert "re-embedded" not in err
+    contents = MemoryStore(store).load()
+    assert contents.embedder_identity.spec == spec  # still the store's embedder
+
+
+RACING_LLM = textwrap.dedent(
+    """
+    import os
+    from soulmem_torch.store import MemoryStore
+    done = []
+
+    async def complete(system, user):
+        if not done:  # another writer commits while forgetting runs
+            done.append(1)
+            store = MemoryStore(os.environ["RACE_STORE"])
+            contents = store.load()
+            store.save(contents.notes[:1], contents.embeddings[:1])
+        return "reconstructed"
+    """
+)
+
+
+def test_forget_racing_another_writer_fails_clearly(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = tmp_path / "s"
+    src = _jsonl(tmp_path / "n.jsonl", [_line(i) for i in range(4)])
+    assert run(capsys, "import", src, store)[0] == 0
+    (tmp_path / "racing_llm.py").write_text(RACING_LLM, encoding="utf-8")
+    monkeypatch.setenv("RACE_STORE", str(store))
+    code, _, err = run(
+        capsys, "forget", store, "--days", "400", "--llm", f"{tmp_path}/racing_llm.py:complete"
+    )
+    assert code == 1
+    one_error(err, "another writer saved version", "nothing was saved")
+    assert len(MemoryStore(store).load().notes) == 1  # the other writer's version stands
