@@ -1,0 +1,76 @@
+"""Peak memory of one batched ``retrieve_batch`` call: per query, against batch size.
+
+Run: ``pytest benchmarks/test_bench_memory.py --benchmark-enable --benchmark-only -s``.
+
+Each case runs :mod:`benchmarks._memory_probe` in a fresh process (``tracemalloc`` does not see
+torch's allocations; the probe resets and reads the kernel's resident-set high-water mark
+around the one call): the default pipeline with plain 32-wide query vectors on a 100k-note
+synthetic memory (500k links, power iteration, ``power_tol`` 1e-5), for batch sizes 1 … 500.
+
+* ``chunked`` — the library as shipped: the batch runs in chunks of
+  ``batch_chunk_size(N, B)`` requests from the memory budget (``SOULMEM_MAX_BATCH_BYTES``,
+  default 512 MiB);
+* ``unchunked`` — the budget set to 2**62 bytes: the whole batch as one ``(N, B)`` problem,
+  which is what every call did before (kept to B <= 128 so the run stays under ~2 GB).
+
+Reported: ``extra_mib`` (peak RSS during the call − RSS before it), ``mib_per_query``, the
+chunk size, and the seconds of the call. Done-when of issue 11: 500 queries in one call peak
+at <= 1 GiB above the memory's own tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import _harness
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTES = 100_000
+BATCHES = [1, 16, 64, 128, 500]
+UNCHUNKED_MAX_BATCH = 128
+MIB = 2**20
+
+
+def probe(batch: int, budget: int | None) -> dict:
+    args = [sys.executable, "-m", "benchmarks._memory_probe", "--notes", str(NOTES)]
+    args += ["--batch", str(batch), "--dim", "32", "--strategy", "pipeline"]
+    if budget is not None:
+        args += ["--budget", str(budget)]
+    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("batch", BATCHES, ids=[f"b{b}" for b in BATCHES])
+@pytest.mark.parametrize("mode", ["chunked", "unchunked"])
+def test_batch_peak_memory(benchmark, mode: str, batch: int) -> None:
+    """Peak extra resident memory of ``RetrDefaultPipeline.retrieve_batch`` per query."""
+    if mode == "unchunked" and batch > UNCHUNKED_MAX_BATCH:
+        pytest.skip("the unchunked path needs ~13 MB per query here: kept to B <= 128")
+    benchmark.group = "batch-memory-100k"
+    budget = 2**62 if mode == "unchunked" else None
+    row = benchmark.pedantic(lambda: probe(batch, budget), rounds=1, iterations=1)
+    result = {
+        "group": benchmark.group,
+        "method": f"pipeline/{mode}",
+        "device": "cpu",
+        "n": row["notes"],
+        "e": row["edges"],
+        "batch": batch,
+        "chunk": row["chunk"],
+        "memory_mib": (row["memory_bytes"] + row["cache_bytes"]) / MIB,
+        "extra_mib": row["extra_bytes"] / MIB,
+        "mib_per_query": row["extra_bytes"] / MIB / batch,
+        "seconds": row["seconds"],
+        "found_per_query": row["found_per_query"],
+    }
+    benchmark.extra_info.update({k: v for k, v in result.items() if k != "group"})
+    _harness.record(result)
+    assert row["found_per_query"] > 0
+    if mode == "chunked":
+        assert row["extra_bytes"] <= 2**30, "500 queries on 100k notes must stay within 1 GiB"
