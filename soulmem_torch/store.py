@@ -1197,8 +1197,11 @@ class MemoryStore:
         *,
         readable_ids: Mapping[MemoryId, str] | Mapping[str, MemoryId] | None = None,
         embedder_name: str | None = None,
+        embedder_identity: EmbedderIdentity | None = None,
+        base_version: str | object | None = ...,
     ) -> dict[str, Any]:
-        """Saves a ``MemoryCluster`` (its notes and embeddings, in index order).
+        """Saves a ``MemoryCluster`` (its notes and embeddings, in index order); the keyword
+        arguments are those of :meth:`save`.
 
         The cluster is used duck-typed: iterating it yields ``EmbeddedMemoryNote``-like objects
         (``.note``, ``.embedding``). If it has ``pending_links()``, any pending link that is a
@@ -1209,7 +1212,14 @@ class MemoryStore:
         notes = [item.note for item in items]
         embeddings = [item.embedding for item in items]
         notes = _attach_pending(notes, _cluster_pending_links(cluster))
-        return self.save(notes, embeddings, readable_ids=readable_ids, embedder_name=embedder_name)
+        return self.save(
+            notes,
+            embeddings,
+            readable_ids=readable_ids,
+            embedder_name=embedder_name,
+            embedder_identity=embedder_identity,
+            base_version=base_version,
+        )
 
     def load_cluster(self, cluster: Any = None) -> Any:
         """Loads the live version into ``cluster`` (default: a new ``MemoryCluster``).
