@@ -522,8 +522,9 @@ class MemoryStore:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot create the store directory ({exc})") from None
-        lock_path = self.path / LOCK_FILE
-        # One lock object per path in this process (is_singleton): nested holders re-enter it.
+        # One lock object per real path in this process (is_singleton): nested holders re-enter
+        # it, however they spell the path.
+        lock_path = Path(os.path.realpath(self.path / LOCK_FILE))
         file_lock = filelock.FileLock(lock_path, is_singleton=True)
         try:
             file_lock.acquire(timeout=wait)
@@ -1353,7 +1354,7 @@ def _embed_with_progress(
 
     out: list[MemoryEmbedding] = []
     with tqdm(
-        total=len(notes), desc="embed", unit="note", disable=not progress, leave=False
+        total=len(notes), desc="embed", unit="note", disable=not progress, leave=True
     ) as bar:
         for start in range(0, len(notes), chunk):
             part = notes[start : start + chunk]
