@@ -94,14 +94,16 @@ def parse_soul_tune_graph(
     stamp = Timestamp.from_datetime(now) if now is not None else Timestamp.now()
     problems: list[tuple[str, str]] = []
     id_map: dict[str, MemoryId] = {}
+    first_at: dict[str, int] = {}
     for i, raw in enumerate(nodes):
         rid = raw.get("id") if isinstance(raw, dict) else None
         if not isinstance(rid, str) or not rid:
             problems.append((f"#{i}", "node has no string 'id'"))
         elif rid in id_map:
-            problems.append((rid, "duplicate readable id"))
+            problems.append((rid, f"duplicate readable id (nodes #{first_at[rid]} and #{i})"))
         else:
             id_map[rid] = MemoryId.new()
+            first_at[rid] = i
 
     notes: list[MemoryNote] = []
     for raw in nodes:

@@ -65,3 +65,14 @@ def test_retrieval_count_at_usize_max_round_trips_and_decays() -> None:
     assert json.loads(parsed.to_json()) == json.loads(line)
     _, counts = note_time_tensors([parsed, MemoryNote.model_validate_json(_line(2))])
     assert counts.tolist() == [2**63 - 1, 0]  # saturates; decay reads min(count, cap)
+
+
+def test_duplicate_readable_ids_in_a_graph_name_both_nodes() -> None:
+    from soulmem_torch.data import sample_memory_path
+    from soulmem_torch.errors import GraphLoadError
+    from soulmem_torch.model.soul_tune import parse_soul_tune_graph
+
+    nodes = json.loads(sample_memory_path().read_text(encoding="utf-8"))
+    dup = nodes[3]["id"]
+    with pytest.raises(GraphLoadError, match=rf"{dup}: duplicate readable id \(nodes #3 and #77\)"):
+        parse_soul_tune_graph([*nodes, nodes[3]], source="g.json")
