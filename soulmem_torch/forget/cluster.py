@@ -352,8 +352,14 @@ class ClusterAdapter:
 
 
 def _working_copy(note: Any) -> Any:
-    """A copy of ``note`` whose ``mem_type`` (the only part forgetting edits) is private."""
-    mem_type = copy.deepcopy(note.mem_type)
+    """A copy of ``note`` whose ``mem_type`` (the only part forgetting edits) is private.
+
+    Shallow copies suffice: forgetting only *assigns* the mem_type's fields (the summary
+    string; a Semantic note's aliases list, description and concept type), never mutates a
+    shared value in place.
+    """
+    shallow = getattr(note.mem_type, "model_copy", None)
+    mem_type = shallow() if callable(shallow) else copy.copy(note.mem_type)
     model_copy = getattr(note, "model_copy", None)
     if callable(model_copy):
         return model_copy(update={"mem_type": mem_type})
@@ -533,9 +539,7 @@ async def forget_cluster(
             finally:
                 bar.update(1)
 
-    workers.extend(
-        asyncio.ensure_future(worker()) for _ in range(min(cfg.concurrency, len(todo)))
-    )
+    workers.extend(asyncio.ensure_future(worker()) for _ in range(min(cfg.concurrency, len(todo))))
     try:
         outcomes = await asyncio.gather(*workers, return_exceptions=True)
     finally:

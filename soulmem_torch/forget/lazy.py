@@ -223,6 +223,9 @@ def _check_timeout(timeout: float | None) -> float | None:
     return float(timeout)
 
 
+_HAS_TIMEOUT_CM = hasattr(asyncio, "timeout")
+
+
 def _is_async_callable(llm: Any) -> bool:
     return inspect.iscoroutinefunction(llm) or inspect.iscoroutinefunction(
         getattr(llm, "__call__", None)  # noqa: B004 - an object with an async __call__
@@ -319,7 +322,10 @@ async def call_llm(
     try:
         if timeout is None:
             reply = await _invoke(llm, system, user)
-        else:
+        elif _HAS_TIMEOUT_CM:  # no extra task per call (Python >= 3.11)
+            async with asyncio.timeout(timeout):
+                reply = await _invoke(llm, system, user)
+        else:  # pragma: no cover - Python 3.10
             reply = await asyncio.wait_for(_invoke(llm, system, user), timeout)
     except asyncio.TimeoutError:
         raise LLMError(f"llm: no reply within the timeout of {timeout:g} s") from None
