@@ -348,10 +348,17 @@ class SoulMem:
                 text; ``None`` → mask only.
             progress: show a progress bar.
             **options: passed to :func:`~soulmem_torch.forget.forget_cluster`
-                (``concurrency``, ``timeout``, …).
+                (``concurrency``, ``timeout`` — 60 s per LLM call by default, ``None`` = no
+                limit —, …).
 
         Returns:
             the :class:`~soulmem_torch.forget.ForgetReport`.
+
+        All or nothing: every new text and embedding is computed first and written in one
+        uninterruptible step that also moves the cluster's version on. Cancelling the task,
+        Ctrl-C or an LLM raising ``KeyboardInterrupt`` / ``SystemExit`` before that step
+        leaves every note untouched (the exception propagates); a failed re-embedding writes
+        nothing (``report.written`` is ``False``).
         """
         from soulmem_torch.forget import forget_cluster
 
