@@ -64,3 +64,34 @@ def test_no_bare_spec_references() -> None:
     assert not found, f"{len(found)} bare 'SPEC §n' references (should be 'docs/spec.md §n'):\n" + (
         "\n".join(found[:20])
     )
+
+
+def readme_cli_commands() -> list[str]:
+    """Every ``soulmem ...`` command of README's ```bash blocks (continuations joined, pipes
+    split, comments dropped); usage synopses with ``[optional]`` parts are left out."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    commands = []
+    for block in re.findall(r"^```bash[ \t]*\n(.*?)^```", text, flags=re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("|"):
+                part = part.split(" #")[0].strip()
+                if part.startswith("soulmem ") and "[" not in part and "$(" not in part:
+                    commands.append(part)
+    return commands
+
+
+def test_readme_cli_commands_parse() -> None:
+    """The flags the README shows exist (parsed by the real parser, nothing is run)."""
+    import shlex
+
+    from soulmem_torch.cli import build_parser
+
+    commands = readme_cli_commands()
+    assert any(c.startswith("soulmem add ") for c in commands)
+    assert any("--dry-run" in c for c in commands)
+    parser = build_parser()
+    for command in commands:
+        try:
+            parser.parse_args(shlex.split(command)[1:])
+        except Exception as exc:  # _UsageError: one line naming the bad flag
+            raise AssertionError(f"README command does not parse: {command!r}: {exc}") from None
