@@ -19,6 +19,8 @@ from soulmem_torch.bank._union import (
     UnionSnapshot,
     candidate_bayes,
     candidates,
+    grouped_is_cheaper,
+    grouped_structured_similarity,
     plain_similarity,
     segment_power_ppr,
     structured_similarity,
@@ -119,7 +121,9 @@ def _plain_vectors(queries: Sequence[Any], embedder: Any, width: int, device: An
             raise ValidationError(
                 f"query[{i}]: expected a vector of width {width}, found {tuple(v.shape)}"
             )
-        rows.append(v.to(device=device, dtype=torch.float32))
+        if v.device != device or v.dtype != torch.float32:
+            v = v.to(device=device, dtype=torch.float32)
+        rows.append(v)
     q = torch.stack(rows)
     if not bool(torch.isfinite(q).all()):
         raise ValidationError("query: expected finite vectors, found NaN or inf")
@@ -217,6 +221,11 @@ def _similarity(
             )
         batch = embed_queries(list(queries), embedder, device=union.device)
         string = _string_channel(union, positions, queries, memories, weights, idx.shape[1])
+    b, m = idx.shape
+    if grouped_is_cheaper(union, b, len(set(positions)), m):
+        return grouped_structured_similarity(
+            union, batch, positions, m, string=string, weights=weights
+        )
     return structured_similarity(union, batch, idx, valid, string=string, weights=weights)
 
 

@@ -303,6 +303,60 @@ def structured_similarity(
     return torch.where(valid, out, 0.0)
 
 
+# Cost model of the two structured paths (seconds): gathering candidate field tensors per query
+# moves ~B·M·F·D floats; scoring per agent group costs a fixed overhead per distinct agent.
+_GATHER_SECONDS_PER_FLOAT = 0.5e-9
+_GROUP_SECONDS = 5e-4
+
+
+def grouped_is_cheaper(union: UnionSnapshot, num_queries: int, num_agents: int, m: int) -> bool:
+    """Whether scoring per agent group beats the gathered candidate rows for this batch."""
+    if union.field_emb is None:
+        return False
+    f, d = union.field_emb.shape[1], union.field_emb.shape[2]
+    return num_agents * _GROUP_SECONDS < num_queries * m * f * d * _GATHER_SECONDS_PER_FLOAT
+
+
+def grouped_structured_similarity(
+    union: UnionSnapshot,
+    batch: Any,
+    positions: Sequence[int],
+    m: int,
+    *,
+    string: Tensor | None,
+    weights: BlendWeights | None,
+) -> Tensor:
+    """``fused_similarity`` per agent of the batch: one batched call per distinct agent on its
+    slice of the union (its queries × its notes), written into ``(B, M)`` rows. Used when a
+    batch holds many queries per agent, where gathering an agent's field tensors once per
+    query would cost more than the per-agent calls."""
+    from soulmem_torch.functional.similarity import fused_similarity
+
+    device = union.device
+    out = torch.zeros(len(positions), m, dtype=torch.float32, device=device)
+    if union.tag_emb is None or union.field_emb is None or not positions:
+        return out
+    q = batch.to(device)
+    groups: dict[int, list[int]] = {}
+    for b, p in enumerate(positions):
+        groups.setdefault(p, []).append(b)
+    ptr = union.ptr.tolist()
+    for p, rows in groups.items():
+        lo, hi = ptr[p], ptr[p + 1]
+        if hi == lo:
+            continue
+        r = torch.tensor(rows, device=device)
+        sub = q.select(r)
+        out[r, : hi - lo] = fused_similarity(
+            sub.tag, sub.kind, sub.field, sub.field_mask, sub.unit_mask,
+            union.tag_emb[lo:hi], union.tag_mask[lo:hi], union.field_emb[lo:hi],
+            union.field_mask[lo:hi], union.node_type[lo:hi],
+            string_scores=None if string is None else string[r, : hi - lo],
+            weights=weights,
+        )  # fmt: skip
+    return out
+
+
 # ------------------------------------------------------------------------------------------
 # association: PPR on the union operator
 # ------------------------------------------------------------------------------------------
@@ -374,8 +428,13 @@ def _sub_operator(
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Ss]parse CSR tensor support is in beta.*")
+        small = entries.numel() < 2**31 - 1 and s < 2**31 - 1  # int32 indices: less traffic
         transpose = torch.sparse_csr_tensor(
-            sub_crow, sub_col, vals[entries], (s, s), check_invariants=False
+            sub_crow.to(torch.int32) if small else sub_crow,
+            sub_col.to(torch.int32) if small else sub_col,
+            vals[entries],
+            (s, s),
+            check_invariants=False,
         )
     dangling = (op.out_degree.index_select(0, nodes) == 0).nonzero().reshape(-1)
     return transpose, dangling, offsets, node_seg

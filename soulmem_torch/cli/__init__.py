@@ -13,6 +13,7 @@ Commands (``soulmem COMMAND --help`` for every flag)::
                    [--concurrency N] [--timeout S] [--dry-run] [--show N] [--json]
     soulmem versions STORE [--json]
     soulmem restore  STORE VERSION
+    soulmem serve  BANK_DIR [--host H] [--port P] [--device D] [--config C]
 
 STORE is a store directory (:class:`~soulmem_torch.store.MemoryStore`); ``query`` and ``export``
 also accept a notes file (serde JSON / JSON Lines, or an evaluation graph) in its place.
@@ -54,6 +55,7 @@ from collections.abc import Iterator, Sequence
 
 from soulmem_torch.cli import add, demo, export, forget, import_, query, restore, schema, versions
 from soulmem_torch.cli import eval as eval_
+from soulmem_torch.cli import serve as serve_
 from soulmem_torch.cli._errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -95,7 +97,7 @@ __all__ = [
 ]
 
 #: The command modules, in ``--help`` order; each has ``add_parser(sub)``.
-COMMANDS = [demo, query, add, import_, export, schema, eval_, forget, versions, restore]
+COMMANDS = [demo, query, add, import_, export, schema, eval_, forget, versions, restore, serve_]
 
 _EPILOG = """\
 exit status: 0 ok, 1 runtime error (missing/corrupt file, bad config, failing LLM, ...),

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from soulmem_torch import HashingEmbedder, MemoryBank, SoulMem
+from soulmem_torch.bank import _union
 from soulmem_torch.bank._union import segment_power_ppr
 from soulmem_torch.errors import ConfigError, NotFoundError, SoulMemError, ValidationError
 from soulmem_torch.retrieve import DefaultPipelineConfig, RetrDefaultPipeline
@@ -54,8 +57,25 @@ asks = st.lists(
     method=st.sampled_from(["power", "auto", "push"]),
     fusion=st.sampled_from(["rank", "max"]),
     units=st.sampled_from([None, "sum"]),
+    path=st.sampled_from(["grouped", "gathered"]),
 )
-def test_ask_equals_per_agent_soulmem(device, subsets, pairs, method, fusion, units) -> None:
+def test_ask_equals_per_agent_soulmem(device, subsets, pairs, method, fusion, units, path):
+    with _similarity_path(path):
+        _ask_equals_per_agent_soulmem(device, subsets, pairs, method, fusion, units)
+
+
+@contextlib.contextmanager
+def _similarity_path(path: str):
+    """Forces the structured similarity path: per agent group, or gathered candidate rows."""
+    saved = _union._GROUP_SECONDS
+    _union._GROUP_SECONDS = 0.0 if path == "grouped" else float("inf")
+    try:
+        yield
+    finally:
+        _union._GROUP_SECONDS = saved
+
+
+def _ask_equals_per_agent_soulmem(device, subsets, pairs, method, fusion, units) -> None:
     bank = MemoryBank(device=device)
     for a, subset in enumerate(subsets):
         bank.add_agent(f"agent-{a}", sample_notes(sorted(subset)))

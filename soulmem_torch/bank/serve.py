@@ -1,0 +1,240 @@
+"""The HTTP JSON API of ``soulmem serve``: a :class:`MemoryBank` behind a
+:class:`BatchingRetriever`, on Starlette (ASGI) + uvicorn (``pip install soulmem_torch[serve]``).
+
+Routes (JSON in, JSON out; errors are ``{"error": "..."}`` with 400 / 404 / 422):
+
+``GET /health``
+    ``{"status": "ok", "agents": n, "notes": n, "queued": n, "answered": n, "batches": n}``
+``POST /ask``
+    ``{"agent": "npc-17", "text": "who lent me an umbrella?"}`` → one result.
+``POST /query``
+    ``{"agent": "npc-17", "query": {MemoryRetrieveQuery JSON}, "priority": 0}`` → one result.
+``POST /agents/{id}/notes``
+    ``{"notes": [MemoryNote serde JSON, ...]}`` → ``{"agent": id, "added": n, "notes": n}``;
+    creates the agent if absent; the agent is persisted to the bank directory before the reply
+    (each agent a ``MemoryStore``, written atomically; then the manifest, atomically).
+
+A result is ``{"association": [{"id", "name", "score"}], "action": [...], "seeds": [...],
+"short_history": [...], "short_mem": "...", "priority": n}``. Concurrent requests are answered
+in micro-batches (one bank call each); writes run in queue order on the bank's thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from soulmem_torch.errors import NotFoundError, SoulMemError, ValidationError
+
+__all__ = ["create_app", "result_json", "run_server"]
+
+
+def _missing_extra(exc: ImportError) -> SoulMemError:
+    return SoulMemError(
+        f"soulmem serve needs the 'serve' extra (starlette, uvicorn): "
+        f"pip install 'soulmem_torch[serve]' ({exc})"
+    )
+
+
+def result_json(bank: Any, agent: str, result: Any) -> dict[str, Any]:
+    """A ``DefaultPipelineResult`` as JSON (ids as strings, readable names, float scores)."""
+
+    def scored(items: Any) -> list[dict[str, Any]]:
+        names = bank.describe(agent, items)
+        return [
+            {"id": str(i), "name": name, "score": float(s)}
+            for (i, s), (name, _) in zip(items, names)
+        ]
+
+    return {
+        "agent": agent,
+        "association": scored(result.association),
+        "action": scored(result.action),
+        "seeds": scored(result.seeds),
+        "short_history": [str(m) for m in result.short_history],
+        "short_mem": result.short_mem,
+        "priority": result.priority,
+    }
+
+
+def create_app(
+    bank_dir: str | os.PathLike[str],
+    *,
+    bank: Any = None,
+    device: Any = None,
+    config: Any = None,
+    max_batch: int = 256,
+    max_wait_ms: float = 2.0,
+    max_queue: int = 4096,
+) -> Any:
+    """The Starlette app serving the bank stored in ``bank_dir``.
+
+    Args:
+        bank_dir: the bank directory (``MemoryBank.save`` layout); loaded at start when it holds
+            a bank, else the bank starts empty and is written there on the first write.
+        bank: serve this bank instead of loading one (it is still persisted to ``bank_dir``).
+        device: retrieval device (``None`` → CPU, ``"auto"``, ``"cuda:1"``, …).
+        config: ``DefaultPipelineConfig`` for every request (``None`` → the default).
+        max_batch / max_wait_ms / max_queue: the micro-batcher's settings.
+    """
+    try:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+    except ImportError as exc:  # pragma: no cover - the extra is installed in CI
+        raise _missing_extra(exc) from None
+    from soulmem_torch.bank.bank import MANIFEST, MemoryBank
+    from soulmem_torch.bank.batching import BatchingRetriever
+
+    root = Path(bank_dir)
+    if bank is None:
+        bank = (
+            MemoryBank.load(root, device=device)
+            if (root / MANIFEST).exists()
+            else MemoryBank(device=device)
+        )
+    retriever = BatchingRetriever(
+        bank, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, config=config
+    )
+
+    def error(status: int, message: str) -> Any:
+        return JSONResponse({"error": message}, status_code=status)
+
+    async def body(request: Request) -> dict[str, Any]:
+        try:
+            data = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _BadRequest(f"body: expected JSON, found invalid text ({exc})") from None
+        if not isinstance(data, dict):
+            raise _BadRequest(f"body: expected a JSON object, found {type(data).__name__}")
+        return data
+
+    def field(data: dict[str, Any], name: str, kind: type, what: str) -> Any:
+        value = data.get(name)
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+            raise ValidationError(f"body.{name}: expected {what}, found {value!r}")
+        return value
+
+    async def guarded(handler: Any, request: Request) -> Any:
+        try:
+            return await handler(request)
+        except _BadRequest as exc:
+            return error(400, str(exc))
+        except NotFoundError as exc:
+            return error(404, str(exc.args[0]) if exc.args else str(exc))
+        except ValidationError as exc:
+            return error(422, str(exc))
+        except SoulMemError as exc:
+            return error(400, str(exc))
+
+    async def health(request: Request) -> Any:
+        stats = retriever.stats
+        notes = await retriever.call(lambda b: sum(int(b.graph(a).num_nodes) for a in b.agents()))
+        return JSONResponse(
+            {
+                "status": "ok",
+                "agents": len(bank),
+                "notes": notes,
+                "queued": retriever.queued,
+                "answered": stats.answered,
+                "failed": stats.failed,
+                "batches": stats.batches,
+                "largest_batch": stats.largest_batch,
+            }
+        )
+
+    async def ask(request: Request) -> Any:
+        data = await body(request)
+        agent = field(data, "agent", str, "an agent id (string)")
+        text = field(data, "text", str, "a question (string)")
+        result = await retriever.ask(agent, text)
+        return JSONResponse(result_json(bank, agent, result))
+
+    async def query(request: Request) -> Any:
+        from soulmem_torch.model.query import MemoryRetrieveQuery
+
+        data = await body(request)
+        agent = field(data, "agent", str, "an agent id (string)")
+        raw = field(data, "query", dict, "a MemoryRetrieveQuery JSON object")
+        priority = data.get("priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValidationError(f"body.priority: expected an integer, found {priority!r}")
+        try:
+            q = MemoryRetrieveQuery.model_validate(raw)
+        except ValueError as exc:
+            raise ValidationError(f"body.query: not a valid MemoryRetrieveQuery: {exc}") from None
+        result = await retriever.query(agent, q, priority=priority)
+        return JSONResponse(result_json(bank, agent, result))
+
+    async def add_notes(request: Request) -> Any:
+        from soulmem_torch.model.serde_io import parse_notes_text
+
+        agent = request.path_params["agent"]
+        data = await body(request)
+        raw = field(data, "notes", list, "a list of MemoryNote JSON objects")
+        notes = parse_notes_text(json.dumps(raw), source="body.notes")
+
+        def write(b: Any) -> tuple[int, int]:
+            if agent in b:
+                added = b.add_notes(agent, notes)
+            else:
+                b.add_agent(agent, notes)
+                added = len(notes)
+            b.save_agent(root, agent)  # persisted (atomically) before the reply
+            return added, len(b.agent(agent))
+
+        added, total = await retriever.call(write)
+        return JSONResponse({"agent": agent, "added": added, "notes": total})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        await retriever.start()
+        try:
+            yield
+        finally:
+            await retriever.aclose()
+
+    def route(path: str, handler: Any, methods: list[str]) -> Any:
+        async def endpoint(request: Request) -> Any:
+            return await guarded(handler, request)
+
+        return Route(path, endpoint, methods=methods)
+
+    app = Starlette(
+        routes=[
+            route("/health", health, ["GET"]),
+            route("/ask", ask, ["POST"]),
+            route("/query", query, ["POST"]),
+            route("/agents/{agent}/notes", add_notes, ["POST"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.bank = bank
+    app.state.retriever = retriever
+    return app
+
+
+class _BadRequest(Exception):
+    """Malformed request body (400)."""
+
+
+def run_server(
+    bank_dir: str | os.PathLike[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "warning",
+    **options: Any,
+) -> None:
+    """Serves ``bank_dir`` with uvicorn until interrupted (see :func:`create_app`)."""
+    try:
+        import uvicorn
+    except ImportError as exc:  # pragma: no cover - the extra is installed in CI
+        raise _missing_extra(exc) from None
+    app = create_app(bank_dir, **options)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -1,0 +1,91 @@
+"""``soulmem serve``: the HTTP JSON API of a memory bank (many agents)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from soulmem_torch.cli._args import common_parent, config_parent, device_parent
+from soulmem_torch.cli._errors import EXIT_OK, CLIError
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, found {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535], found {value}")
+    return value
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, found {text!r}") from None
+        if value < (1 if kind is int else 0):
+            raise argparse.ArgumentTypeError(f"expected a value >= {1 if kind is int else 0}")
+        return value
+
+    return parse
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serves BANK_DIR over HTTP until interrupted."""
+    from soulmem_torch.cli._memory import _load_pipeline_config
+
+    try:
+        from soulmem_torch.bank.serve import run_server
+    except ImportError as exc:  # pragma: no cover
+        raise CLIError(f"cannot import the server ({exc})") from None
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise CLIError(
+            "soulmem serve needs the 'serve' extra: pip install 'soulmem_torch[serve]'"
+        ) from None
+    config = _load_pipeline_config(args.config)
+    if not getattr(args, "quiet", False):
+        print(f"soulmem serve: {args.bank_dir} on http://{args.host}:{args.port}", flush=True)
+    run_server(
+        args.bank_dir,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        config=config,
+        max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        max_queue=args.max_queue,
+        log_level=args.log_level,
+    )
+    return EXIT_OK
+
+
+def add_parser(sub: Any) -> None:
+    """Registers ``soulmem serve``."""
+    p = sub.add_parser(
+        "serve",
+        parents=[common_parent(), device_parent(), config_parent()],
+        help="serve a memory bank (many agents) over HTTP",
+        description="An HTTP JSON API over a MemoryBank directory: POST /ask, POST /query, "
+        "POST /agents/{id}/notes (persisted atomically), GET /health. Concurrent requests are "
+        "answered in micro-batches (one bank call each). Needs the 'serve' extra.",
+    )
+    p.add_argument("bank_dir", metavar="BANK_DIR", help="bank directory (created on first write)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8000, help="TCP port (8000)")
+    p.add_argument("--max-batch", type=_positive(int), default=256, help="requests per batch")
+    p.add_argument(
+        "--max-wait-ms", type=_positive(float), default=2.0, help="batch gathering window (ms)"
+    )
+    p.add_argument("--max-queue", type=_positive(int), default=4096, help="queue bound")
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level (warning)",
+    )
+    p.set_defaults(func=cmd_serve)
