@@ -95,6 +95,9 @@ bench chunglu 75 benchmarks/test_bench_ppr.py \
   -k "cuda and chunglu and not (chunglu1M and (power-b or power-f32))"
 bench similarity 45 benchmarks/test_bench_similarity.py -k "cuda"
 bench pipeline 60 benchmarks/test_bench_pipeline.py -k "cuda and 1M"
+# MemoryBank: 10,000 agents × 100 notes, 1,000 queries from 1,000 agents per call (target:
+# >= 10,000 queries/s through the whole pipeline), next to the per-agent loop on 20 queries
+bench bank 75 benchmarks/test_bench_bank.py -k "cuda"
 
 # -- 3. summary ------------------------------------------------------------------------------
 shopt -s nullglob
