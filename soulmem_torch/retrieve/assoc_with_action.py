@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -29,17 +29,21 @@ __all__ = [
     "associate_with_action",
 ]
 
+if TYPE_CHECKING:
+    from soulmem_torch.graph import MemoryGraph
+    from soulmem_torch.retrieve._types import MemorySource
+
 
 @dataclass
 class AssociateWithActionRequest:
     """Seeds ``[(MemoryId, f32 score)]`` (e.g. similarity results) on a working memory."""
 
-    working_memory: Any
+    working_memory: MemorySource
     source: list[tuple[MemoryId, float]]
     config: AssociateWithActionConfig = field(default_factory=AssociateWithActionConfig)
     device: torch.device | str | None = None
 
-    def graph(self) -> Any:
+    def graph(self) -> MemoryGraph:
         return graph_of(self.working_memory, self.device)
 
 
@@ -52,7 +56,7 @@ class AssociateWithActionResult:
 
 
 def associate_with_action(
-    graph: Any,
+    graph: MemoryGraph,
     weights: Tensor,
     keys: Tensor,
     config: AssociateWithActionConfig,

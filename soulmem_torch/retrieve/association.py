@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,17 +15,21 @@ from soulmem_torch.retrieve.config import AssociationConfig
 
 __all__ = ["AssociationRequest", "RetrAssociation"]
 
+if TYPE_CHECKING:
+    from soulmem_torch.graph import MemoryGraph
+    from soulmem_torch.retrieve._types import MemorySource
+
 
 @dataclass
 class AssociationRequest:
     """Sources ``[(MemoryId, f32 score)]`` on a working memory, with a config and a device."""
 
-    working_memory: Any
+    working_memory: MemorySource
     source: list[tuple[MemoryId, float]]
     config: AssociationConfig = field(default_factory=AssociationConfig)
     device: torch.device | str | None = None
 
-    def graph(self) -> Any:
+    def graph(self) -> MemoryGraph:
         return graph_of(self.working_memory, self.device)
 
 
@@ -55,11 +59,9 @@ class RetrAssociation:
 
     @staticmethod
     def _run(
-        graph: Any, config: AssociationConfig, requests: list[AssociationRequest]
+        graph: MemoryGraph, config: AssociationConfig, requests: list[AssociationRequest]
     ) -> list[list[tuple[MemoryId, float]]]:
-        weights, keys = sources_matrix(
-            graph, [r.source for r in requests], float32_scores=True
-        )
+        weights, keys = sources_matrix(graph, [r.source for r in requests], float32_scores=True)
         scores, ok = run_association(graph, weights, keys, config)
         present = ok.unsqueeze(0).expand_as(scores)
         return topk_lists(graph, scores, present, config.top_k)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,22 +16,26 @@ from soulmem_torch.retrieve.config import BayesActionConfig
 
 __all__ = ["BayesActionRequest", "RetrBayesAction", "bayes_actions"]
 
+if TYPE_CHECKING:
+    from soulmem_torch.graph import MemoryGraph
+    from soulmem_torch.retrieve._types import MemorySource
+
 
 @dataclass
 class BayesActionRequest:
     """Sources ``[(MemoryId, f64 weight)]`` on a working memory."""
 
-    working_memory: Any
+    working_memory: MemorySource
     source: list[tuple[MemoryId, float]]
     config: BayesActionConfig = field(default_factory=BayesActionConfig)
     device: torch.device | str | None = None
 
-    def graph(self) -> Any:
+    def graph(self) -> MemoryGraph:
         return graph_of(self.working_memory, self.device)
 
 
 def bayes_actions(
-    graph: Any, weights: torch.Tensor, keys: torch.Tensor, top_k: int
+    graph: MemoryGraph, weights: torch.Tensor, keys: torch.Tensor, top_k: int
 ) -> list[list[tuple[MemoryId, float]]]:
     """Top-k actions per column of source ``weights``/``keys`` (N, B): Σ prob · weight."""
     scores = bayes_action_scores(

@@ -27,6 +27,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from soulmem_torch.retrieve._types import MemorySource
     from soulmem_torch.retrieve.assoc_with_action import AssociateWithActionRequest
     from soulmem_torch.retrieve.association import AssociationRequest
     from soulmem_torch.retrieve.bayes_action import BayesActionRequest
@@ -98,7 +99,7 @@ class SimilarityConfig(BaseModel):
     )
 
     def into_request(
-        self, working_memory: Any, query: Any, *, embedder: Any = None, device: Any = None
+        self, working_memory: MemorySource, query: Any, *, embedder: Any = None, device: Any = None
     ) -> SimilarityRequest:
         """A request over ``working_memory`` for ``query`` (see ``SimilarityRequest``)."""
         from soulmem_torch.retrieve.similarity import SimilarityRequest
@@ -150,7 +151,7 @@ class AssociationConfig(BaseModel):
     )
 
     def into_request(
-        self, working_memory: Any, source: Any, *, device: Any = None
+        self, working_memory: MemorySource, source: Any, *, device: Any = None
     ) -> AssociationRequest:
         """A request with ``source = [(MemoryId, f32 score)]``."""
         from soulmem_torch.retrieve.association import AssociationRequest
@@ -174,7 +175,7 @@ class BayesActionConfig(BaseModel):
     top_k: int = Field(default=5, ge=1)
 
     def into_request(
-        self, working_memory: Any, source: Any, *, device: Any = None
+        self, working_memory: MemorySource, source: Any, *, device: Any = None
     ) -> BayesActionRequest:
         """A request with ``source = [(MemoryId, f64 weight)]``."""
         from soulmem_torch.retrieve.bayes_action import BayesActionRequest
@@ -193,7 +194,7 @@ class ShortOnlyConfig(BaseModel):
     clipping_length: int | None = Field(default=None, ge=0, description="Keep the last N.")
     include_summary: bool = False
 
-    def into_request(self, working_memory: Any) -> ShortOnlyRequest:
+    def into_request(self, working_memory: MemorySource) -> ShortOnlyRequest:
         from soulmem_torch.retrieve.short_only import ShortOnlyRequest
 
         return ShortOnlyRequest(working_memory, self)
@@ -209,7 +210,7 @@ class AssociateWithActionConfig(BaseModel):
     abstract_source_priority: float = Field(default=2.0, ge=0.0, allow_inf_nan=False)
 
     def into_request(
-        self, working_memory: Any, source: Any, *, device: Any = None
+        self, working_memory: MemorySource, source: Any, *, device: Any = None
     ) -> AssociateWithActionRequest:
         """A request with seeds ``source = [(MemoryId, f32 score)]``."""
         from soulmem_torch.retrieve.assoc_with_action import AssociateWithActionRequest
@@ -277,7 +278,7 @@ class DefaultPipelineConfig(BaseModel):
 
     def into_request(
         self,
-        working_memory: Any,
+        working_memory: MemorySource,
         query: Any,
         priority: int = 0,
         *,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,6 +34,9 @@ __all__ = [
     "load_suite",
     "run_suite",
 ]
+
+if TYPE_CHECKING:
+    from soulmem_torch.retrieve._types import MemorySource
 
 _CONFIG = ConfigDict(extra="ignore")
 
@@ -162,7 +165,7 @@ def _at(values: dict[int, float], k: int) -> float:
 
 def run_suite(
     suite: RetrievalSuite,
-    working_memory: Any,
+    working_memory: MemorySource,
     readable_ids: dict[MemoryId, str],
     *,
     embedder: Any,

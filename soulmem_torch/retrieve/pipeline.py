@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,12 +25,16 @@ from soulmem_torch.retrieve.text import text_scores
 
 __all__ = ["DefaultPipelineRequest", "DefaultPipelineResult", "RetrDefaultPipeline"]
 
+if TYPE_CHECKING:
+    from soulmem_torch.graph import MemoryGraph
+    from soulmem_torch.retrieve._types import MemorySource
+
 
 @dataclass
 class DefaultPipelineRequest:
     """One query (as for ``SimilarityRequest``) with a priority that is passed through."""
 
-    working_memory: Any
+    working_memory: MemorySource
     query: Any
     priority: int = 0
     config: DefaultPipelineConfig = field(default_factory=DefaultPipelineConfig)
@@ -38,7 +42,7 @@ class DefaultPipelineRequest:
     device: torch.device | str | None = None
     weights: BlendWeights | None = None
 
-    def graph(self) -> Any:
+    def graph(self) -> MemoryGraph:
         return graph_of(self.working_memory, self.device)
 
 

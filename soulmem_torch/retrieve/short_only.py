@@ -4,21 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from soulmem_torch.errors import ValidationError
 from soulmem_torch.retrieve.config import ShortOnlyConfig
 
 __all__ = ["RetrShortOnly", "ShortOnlyRequest"]
 
+if TYPE_CHECKING:
+    from soulmem_torch.retrieve._types import MemorySource
+
 
 @dataclass
 class ShortOnlyRequest:
-    working_memory: Any
+    working_memory: MemorySource
     config: ShortOnlyConfig = field(default_factory=ShortOnlyConfig)
 
 
-def _window(memory: Any) -> Any:
+def _window(memory: MemorySource) -> Any:
     if memory is None:
         raise ValidationError("working_memory: expected a WorkingMemory, found None")
     return getattr(memory, "sliding_window", None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -24,6 +24,10 @@ __all__ = [
     "threshold_mask",
 ]
 
+if TYPE_CHECKING:
+    from soulmem_torch.graph import MemoryGraph
+    from soulmem_torch.retrieve._types import MemorySource
+
 
 @dataclass
 class SimilarityRequest:
@@ -35,24 +39,24 @@ class SimilarityRequest:
     against the notes' single vectors.
     """
 
-    working_memory: Any
+    working_memory: MemorySource
     query: Any
     config: SimilarityConfig = field(default_factory=SimilarityConfig)
     embedder: Any = None
     device: torch.device | str | None = None
     weights: BlendWeights | None = None
 
-    def graph(self) -> Any:
+    def graph(self) -> MemoryGraph:
         return graph_of(self.working_memory, self.device)
 
 
-def _notes_of(memory: Any) -> list[Any] | None:
+def _notes_of(memory: MemorySource) -> list[Any] | None:
     cluster = getattr(memory, "cluster", memory)
     notes = getattr(cluster, "notes", None)
     return list(notes()) if callable(notes) else None
 
 
-def _identifier_index(graph: Any, memory: Any) -> Any:
+def _identifier_index(graph: MemoryGraph, memory: MemorySource) -> Any:
     """The exact-identifier index of the notes, built once per snapshot (None without notes)."""
     key = "identifier_index"
     if key not in graph.cache:
@@ -71,8 +75,8 @@ def _is_plain(query: Any) -> bool:
 
 
 def similarity_scores(
-    graph: Any,
-    memory: Any,
+    graph: MemoryGraph,
+    memory: MemorySource,
     queries: Sequence[Any],
     *,
     embedder: Any = None,
@@ -128,7 +132,7 @@ def _concat(batches: Sequence[Any]) -> Any:
     )
 
 
-def _plain_scores(graph: Any, queries: Sequence[Any], embedder: Any) -> Tensor:
+def _plain_scores(graph: MemoryGraph, queries: Sequence[Any], embedder: Any) -> Tensor:
     x = getattr(graph, "tag_emb", None)
     if x is None:
         raise ValidationError("working_memory: plain queries need notes with embeddings")

@@ -30,6 +30,7 @@ from soulmem_torch.functional.fusion import bm25_note_weights, bm25_scores
 if TYPE_CHECKING:
     from soulmem_torch.graph import MemoryGraph
     from soulmem_torch.model import MemoryNote
+    from soulmem_torch.retrieve._types import MemorySource
 
 __all__ = ["TextIndex", "note_strings", "query_strings", "text_index", "text_scores", "text_terms"]
 
@@ -140,13 +141,13 @@ def build_text_index(notes: Sequence[MemoryNote], *, device: torch.device) -> Te
     return TextIndex(vocab, bm25_note_weights(tf).to(device))
 
 
-def _notes_of(memory: Any) -> list[Any] | None:
+def _notes_of(memory: MemorySource) -> list[Any] | None:
     cluster = getattr(memory, "cluster", memory)
     notes = getattr(cluster, "notes", None)
     return list(notes()) if callable(notes) else None
 
 
-def text_index(graph: MemoryGraph, memory: Any) -> TextIndex | None:
+def text_index(graph: MemoryGraph, memory: MemorySource) -> TextIndex | None:
     """The snapshot's text index, built once and cached; None when the notes are unknown (a bare
     ``MemoryGraph`` was passed) — the text channel then has nothing to say."""
     key = "text_index"
@@ -164,7 +165,7 @@ def text_index(graph: MemoryGraph, memory: Any) -> TextIndex | None:
     return graph.cache[key]
 
 
-def text_scores(graph: MemoryGraph, memory: Any, queries: Sequence[Any]) -> Tensor:
+def text_scores(graph: MemoryGraph, memory: MemorySource, queries: Sequence[Any]) -> Tensor:
     """BM25 of B queries (structured or text) against every note: (B, N) float64, zeros when
     the memory has no text index."""
     n = int(graph.num_nodes)
