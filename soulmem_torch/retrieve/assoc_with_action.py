@@ -102,11 +102,16 @@ class RetrAssociateWithAction:
     """
 
     def retrieve(self, request: AssociateWithActionRequest) -> AssociateWithActionResult:
+        """One request: association from the seeds, then the actions the recalled situations
+        trigger (docs/spec.md §7) — a result with ``memory`` and ``action``. A batch of one
+        through :meth:`retrieve_batch`."""
         return self.retrieve_batch([request])[0]
 
     def retrieve_batch(
         self, requests: Sequence[AssociateWithActionRequest]
     ) -> list[AssociateWithActionResult]:
+        """Many requests at once (one PPR batch per memory / device / config group); one
+        result per request, in request order."""
         resolved = [(r, r.graph()) for r in requests]
 
         def run(group: list[tuple[AssociateWithActionRequest, Any]]) -> list[Any]:

@@ -44,6 +44,9 @@ class RetrAssociation:
     """
 
     def retrieve(self, request: AssociationRequest) -> list[tuple[MemoryId, float]]:
+        """One request: ``[(MemoryId, float64 score)]``, PPR from the request's sources, best
+        first, ``top_k`` long (docs/spec.md §7); ``[]`` when no source is in the memory. A batch
+        of one through :meth:`retrieve_batch` (the same code path)."""
         return self.retrieve_batch([request])[0]
 
     def retrieve_batch(

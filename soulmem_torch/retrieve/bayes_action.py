@@ -53,11 +53,15 @@ class RetrBayesAction:
     """
 
     def retrieve(self, request: BayesActionRequest) -> list[tuple[MemoryId, float]]:
+        """One request: ``[(MemoryId, score)]`` of the actions the sources trigger, scored
+        ``Σ prob · source weight``, best first, ``top_k`` long (docs/spec.md §7). A batch of
+        one through :meth:`retrieve_batch`."""
         return self.retrieve_batch([request])[0]
 
     def retrieve_batch(
         self, requests: Sequence[BayesActionRequest]
     ) -> list[list[tuple[MemoryId, float]]]:
+        """Many requests at once; one action list per request, in request order."""
         resolved = [(r, r.graph()) for r in requests]
 
         def run(group: list[tuple[BayesActionRequest, Any]]) -> list[list[tuple[MemoryId, float]]]:

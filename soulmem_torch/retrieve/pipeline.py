@@ -70,11 +70,16 @@ class RetrDefaultPipeline:
     """
 
     def retrieve(self, request: DefaultPipelineRequest) -> DefaultPipelineResult:
+        """One request through the default pipeline: a ``DefaultPipelineResult``
+        (``association``, ``action``, ``short_history``, ``short_mem``, ``priority``). A batch
+        of one through :meth:`retrieve_batch` (the same code path)."""
         return self.retrieve_batch([request])[0]
 
     def retrieve_batch(
         self, requests: Sequence[DefaultPipelineRequest]
     ) -> list[DefaultPipelineResult]:
+        """Many requests at once: each stage runs once for all requests that share a memory,
+        device and config; one result per request, in request order."""
         resolved = [(r, r.graph()) for r in requests]
 
         def key(rg: tuple[DefaultPipelineRequest, Any]) -> Any:

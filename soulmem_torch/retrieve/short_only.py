@@ -37,6 +37,8 @@ class RetrShortOnly:
     """
 
     def retrieve(self, request: ShortOnlyRequest) -> tuple[list[Any], str]:
+        """One request: ``(messages, summary)`` — the window's messages (the last
+        ``clipping_length`` when set) and its summary (``""`` unless ``include_summary``)."""
         window = _window(request.working_memory)
         if window is None:
             return [], ""
@@ -48,4 +50,5 @@ class RetrShortOnly:
         return messages, summary or ""
 
     def retrieve_batch(self, requests: Sequence[ShortOnlyRequest]) -> list[tuple[list[Any], str]]:
+        """One ``(messages, summary)`` per request, in request order."""
         return [self.retrieve(r) for r in requests]

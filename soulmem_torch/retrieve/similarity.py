@@ -190,11 +190,16 @@ class RetrSimilarity:
     """
 
     def retrieve(self, request: SimilarityRequest) -> list[tuple[MemoryId, float]]:
+        """One request: ``[(MemoryId, float32 score)]``, best first, at most ``max_results``,
+        none below ``similarity_threshold`` (docs/spec.md §4). A batch of one through
+        :meth:`retrieve_batch` (the same code path)."""
         return self.retrieve_batch([request])[0]
 
     def retrieve_batch(
         self, requests: Sequence[SimilarityRequest]
     ) -> list[list[tuple[MemoryId, float]]]:
+        """Many requests at once: those on the same memory, device and config are scored
+        together by batched matmuls; one result list per request, in request order."""
         resolved = [(r, r.graph()) for r in requests]
 
         def key(rg: tuple[SimilarityRequest, Any]) -> Any:
