@@ -66,32 +66,49 @@ def test_no_bare_spec_references() -> None:
     )
 
 
-def readme_cli_commands() -> list[str]:
-    """Every ``soulmem ...`` command of README's ```bash blocks (continuations joined, pipes
-    split, comments dropped); usage synopses with ``[optional]`` parts are left out."""
+def readme_cli_commands() -> list[list[str]]:
+    """The argument lists of every ``soulmem ...`` command in README's ```bash blocks
+    (continuations joined, comments dropped, split at ``|``, ``&&``, ``;``, ``&``, redirections
+    left out); usage synopses with ``[optional]`` parts and ``$(...)`` are left out."""
+    import shlex
+
     text = (REPO / "README.md").read_text(encoding="utf-8")
+    operators = {"|", "||", "&&", ";", "&"}
+    redirections = {">", ">>", "<", ">&", "&>", "2>", "2>>"}
     commands = []
     for block in re.findall(r"^```bash[ \t]*\n(.*?)^```", text, flags=re.S | re.M):
         for line in block.replace("\\\n", " ").splitlines():
-            for part in line.split("|"):
-                part = part.split(" #")[0].strip()
-                if part.startswith("soulmem ") and "[" not in part and "$(" not in part:
-                    commands.append(part)
+            if "[" in line or "$(" in line or "soulmem " not in line:
+                continue
+            lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            lexer.commenters = "#"
+            current: list[str] = []
+            skip = False
+            for token in [*lexer, ";"]:
+                if skip:
+                    skip = False
+                elif token in redirections:
+                    skip = True
+                elif token in operators:
+                    if current[:1] == ["soulmem"]:
+                        commands.append(current[1:])
+                    current = []
+                else:
+                    current.append(token)
     return commands
 
 
 def test_readme_cli_commands_parse() -> None:
     """The flags the README shows exist (parsed by the real parser, nothing is run)."""
-    import shlex
-
     from soulmem_torch.cli import build_parser
 
     commands = readme_cli_commands()
-    assert any(c.startswith("soulmem add ") for c in commands)
+    assert any(c[:1] == ["add"] for c in commands)
     assert any("--dry-run" in c for c in commands)
     parser = build_parser()
-    for command in commands:
+    for args in commands:
         try:
-            parser.parse_args(shlex.split(command)[1:])
+            parser.parse_args(args)
         except Exception as exc:  # _UsageError: one line naming the bad flag
-            raise AssertionError(f"README command does not parse: {command!r}: {exc}") from None
+            raise AssertionError(f"README command does not parse: soulmem {args}: {exc}") from None
