@@ -16,6 +16,13 @@ from soulmem_torch.functional.edge_weights import (
     normalized_edge_weight,
     out_weight_sum,
 )
+from soulmem_torch.functional.fusion import (
+    bm25_note_weights,
+    bm25_scores,
+    rank_fusion,
+    reciprocal_rank,
+    relative_seeds,
+)
 from soulmem_torch.functional.ppr import (
     MAX_POWER_STEPS,
     PushStats,
@@ -39,6 +46,11 @@ from soulmem_torch.functional.string_sim import string_distance_score
 from soulmem_torch.functional.topk import stable_topk
 
 __all__ = [
+    "bm25_note_weights",
+    "bm25_scores",
+    "rank_fusion",
+    "reciprocal_rank",
+    "relative_seeds",
     "BlendWeights",
     "cosine_scores",
     "embedding_scores",

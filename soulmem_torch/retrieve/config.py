@@ -18,6 +18,7 @@ __all__ = [
     "AssociationConfig",
     "BayesActionConfig",
     "DefaultPipelineConfig",
+    "FusionChannel",
     "PprMethod",
     "RetrRequestConfig",
     "ShortOnlyConfig",

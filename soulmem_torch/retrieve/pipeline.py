@@ -1,4 +1,4 @@
-"""``DefaultPipeline``: ShortOnly → Similarity → AssociateWithAction → merge (SPEC §7)."""
+"""``DefaultPipeline``: ShortOnly → Similarity → AssociateWithAction → fusion (SPEC §7)."""
 
 from __future__ import annotations
 
@@ -48,9 +48,12 @@ class DefaultPipelineRequest:
 
 @dataclass
 class DefaultPipelineResult:
-    """``association``: seeds and PPR memories merged (max per id, descending, ≤ 10);
+    """``association``: the memories, best first, ≤ ``merge_top_k`` — with ``fusion="rank"`` (the
+    default) scored by reciprocal-rank fusion (float64, in ``(0, C / (k + 1)]`` for C channels),
+    with ``fusion="max"`` the original's merge of seeds and PPR memories (max per id);
     ``action``: recommended actions; ``short_history`` / ``short_mem``: the short-term window and
-    its summary; ``priority``: passed through."""
+    its summary; ``priority``: passed through; ``seeds``: the similarity notes that seeded PPR
+    (float32 scores)."""
 
     association: list[tuple[MemoryId, float]]
     action: list[tuple[MemoryId, float]]
@@ -64,9 +67,19 @@ class RetrDefaultPipeline:
     """``RetrDefaultPipeline().retrieve(request) -> DefaultPipelineResult``.
 
     Strictly in order: ShortOnly; Similarity (its float32 scores become the personalization);
-    AssociateWithAction; then seeds and PPR memories merged as float64, max per id, sorted
-    descending and cut to ``merge_top_k`` (10). ``retrieve_batch`` runs every step once for all
-    requests that share a memory, device, config and embedder.
+    AssociateWithAction; then the fusion (``DefaultPipelineConfig.fusion``):
+
+    * ``"rank"`` (default): seeds are the notes scoring at least ``seed_ratio`` × the query's
+      best structured score (≥ ``similarity_threshold``, at most ``max_results``); the memory
+      list is the reciprocal-rank fusion (``rank_constant``) of the structured similarity, the
+      whole-note BM25 text channel (:mod:`soulmem_torch.retrieve.text`) and the PPR scores of
+      every note (:mod:`soulmem_torch.functional.fusion`); notes no channel scored are left out.
+    * ``"max"`` (the original): the top ``max_results`` similarity seeds and the PPR top-k merged
+      as float64, max per id, sorted descending.
+
+    Either way cut to ``merge_top_k`` (10). ``retrieve_batch`` runs every step once for all
+    requests that share a memory, device, config and embedder (no per-query loop but turning
+    indices back into ids).
     """
 
     def retrieve(self, request: DefaultPipelineRequest) -> DefaultPipelineResult:
