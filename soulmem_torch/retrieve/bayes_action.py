@@ -38,6 +38,8 @@ def bayes_actions(
     graph: MemoryGraph, weights: torch.Tensor, keys: torch.Tensor, top_k: int
 ) -> list[list[tuple[MemoryId, float]]]:
     """Top-k actions per column of source ``weights``/``keys`` (N, B): Σ prob · weight."""
+    if int(graph.num_nodes) == 0:  # an empty memory triggers nothing
+        return [[] for _ in range(weights.shape[1])]
     scores = bayes_action_scores(
         weights, graph.edge_index, graph.edge_kind, graph.prob, graph.node_type
     )

@@ -278,3 +278,22 @@ def test_ablation_rows() -> None:
     assert rows[3][1] == DefaultPipelineConfig()
     assert all(cfg.channels for _, cfg in rows)
     assert format_ablation([]) == ""
+
+
+def test_empty_memory_and_plain_queries() -> None:
+    from soulmem_torch.api import SoulMem
+    from soulmem_torch.embedding import MemoryEmbedding
+
+    empty = SoulMem()
+    for config in (DefaultPipelineConfig(), DefaultPipelineConfig.original()):
+        got = empty.ask(["hello", "你好"], config=config)
+        assert [(r.association, r.action, r.seeds) for r in got] == [([], [], [])] * 2
+    wm, _ = small_world()
+    for i, mid in enumerate(wm.cluster.ids()):
+        wm.cluster.set_embedding(mid, MemoryEmbedding.from_vector(torch.eye(7, 8)[i]))
+    reqs = [
+        DefaultPipelineConfig().into_request(wm, q) for q in (torch.eye(7, 8)[2], torch.zeros(8))
+    ]
+    hit, zero = RetrDefaultPipeline().retrieve_batch(reqs)
+    assert hit.association[0][0] == wm.cluster.ids()[2] and hit.seeds[0][0] == wm.cluster.ids()[2]
+    assert zero.seeds == [] and zero.action == []  # nothing scored: no seed, no association
