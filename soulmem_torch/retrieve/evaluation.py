@@ -172,7 +172,15 @@ def run_suite(
     pipeline: DefaultPipelineConfig | None = None,
     device: Any = None,
 ) -> SuiteReport:
-    """Runs every sub-query of every case through the default pipeline in one batch."""
+    """Runs every sub-query of every case through the default pipeline in one batch.
+
+    The suite's ``config`` governs the pipeline's similarity stage, as in the original's tool:
+    ``similarity_threshold`` is the floor of the structured scores (the structured channel and
+    the seeds), ``max_results`` the most seeds per sub-query and the length of each case's
+    combined list. The per-sub-query list the metrics read is the pipeline's memory list
+    (``merge_top_k`` long). ``pipeline`` supplies everything else (default:
+    ``DefaultPipelineConfig()``; ``DefaultPipelineConfig.original()`` reproduces the original).
+    """
     cfg = suite.config
     base = pipeline or DefaultPipelineConfig()
     config = base.model_copy(
