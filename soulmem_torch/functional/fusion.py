@@ -203,6 +203,10 @@ def bm25_note_weights(
     )
     if seg.shape != (n,):
         raise ValidationError(f"segment: expected shape ({n},), found {tuple(seg.shape)}")
+    if n and int(seg.min()) < 0:
+        raise ValidationError(f"segment: expected ids >= 0, found {int(seg.min())}")
+    if vals.numel() and not bool(torch.isfinite(vals).all() and (vals >= 0).all()):
+        raise ValidationError("tf: expected finite term counts >= 0, found a negative or NaN one")
     num_seg = int(seg.max()) + 1 if n else 0
     notes_per_seg = torch.zeros(num_seg, dtype=torch.float64, device=device)
     notes_per_seg.index_add_(0, seg, torch.ones(n, dtype=torch.float64, device=device))

@@ -138,6 +138,10 @@ def test_bm25_segments_score_each_memory_as_on_its_own(device: torch.device) -> 
     assert got[2:] == pytest.approx(_bm25_ref(b, [1, 1, 0]))
     with pytest.raises(ValidationError, match="sparse"):
         bm25_note_weights(torch.ones(2, 2, device=device))
+    with pytest.raises(ValidationError, match="segment"):
+        bm25_note_weights(union, segment=torch.tensor([0, 0, -1, 1, 1], device=device))
+    with pytest.raises(ValidationError, match="tf"):
+        bm25_note_weights(torch.tensor([[1.0, -2.0]]).to_sparse().to(device))
     with pytest.raises(ValidationError, match="query_terms"):
         bm25_scores(torch.ones(1, 2, device=device), bm25_note_weights(union))
 
