@@ -48,6 +48,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "soulmem serve needs the 'serve' extra: pip install 'soulmem_torch[serve]'"
         ) from None
     config = _load_pipeline_config(args.config)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if not getattr(args, "quiet", False):
         print(f"soulmem serve: {args.bank_dir} on http://{args.host}:{args.port}", flush=True)
     run_server(
@@ -82,6 +86,13 @@ def add_parser(sub: Any) -> None:
         "--max-wait-ms", type=_positive(float), default=2.0, help="batch gathering window (ms)"
     )
     p.add_argument("--max-queue", type=_positive(int), default=4096, help="queue bound")
+    p.add_argument(
+        "--threads",
+        type=_positive(int),
+        default=None,
+        help="torch CPU threads for the bank calls (default: torch's choice; on a machine "
+        "shared with other busy processes, 1 avoids OpenMP contention)",
+    )
     p.add_argument(
         "--log-level",
         default="warning",

@@ -57,14 +57,21 @@ class _Server:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # what `soulmem serve --threads 1` does (a shared 2-core box)
     root = tmp_path_factory.mktemp("bank")
     bank = MemoryBank()
     bank.add_agent("npc-0", sample_notes(list(range(0, 40))))
     bank.add_agent("npc-1", sample_notes(list(range(30, 77))))
     bank.save(root)
     app = create_app(root, config=CFG, max_batch=64, max_wait_ms=5)
-    with _Server(app) as url:
-        yield url, root, app
+    try:
+        with _Server(app) as url:
+            yield url, root, app
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_health_ask_query_and_errors(served) -> None:
@@ -160,7 +167,7 @@ def test_soulmem_serve_command(tmp_path) -> None:
     port = _free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "soulmem_torch", "serve", str(tmp_path / "bank"),
-           "--port", str(port), "-q"]  # fmt: skip
+           "--port", str(port), "--threads", "1", "-q"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 90
