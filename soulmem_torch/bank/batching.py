@@ -97,6 +97,7 @@ class BatchingRetriever:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
         self._inflight: list[_Item] = []
+        self._getter: asyncio.Future[_Item] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> BatchingRetriever:
@@ -122,6 +123,12 @@ class BatchingRetriever:
                 pass
             self._worker = None
         pending = list(self._inflight)
+        if self._getter is not None:
+            if self._getter.done() and not self._getter.cancelled():
+                pending.append(self._getter.result())
+            else:
+                self._getter.cancel()
+            self._getter = None
         if self._queue is not None:
             while not self._queue.empty():
                 pending.append(self._queue.get_nowait())
@@ -183,30 +190,44 @@ class BatchingRetriever:
         return await self._submit(item)
 
     # -- the worker --------------------------------------------------------------------------
-    async def _run(self) -> None:
+    async def _next(self, timeout: float | None) -> _Item | None:
+        """The next queued request, or ``None`` after ``timeout`` seconds.
+
+        One ``queue.get()`` task is kept across calls and never cancelled on a timeout
+        (``asyncio.wait_for`` around ``Queue.get`` can drop an item that arrives just as the
+        timeout fires, before Python 3.12): no request is ever lost.
+        """
         assert self._queue is not None
+        if self._getter is None:
+            try:
+                return self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                self._getter = asyncio.ensure_future(self._queue.get())
+        if timeout is not None and timeout <= 0 and not self._getter.done():
+            return None
+        done, _ = await asyncio.wait({self._getter}, timeout=timeout)
+        if not done:
+            return None
+        item = self._getter.result()
+        self._getter = None
+        return item
+
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        queue = self._queue
         held: _Item | None = None
         while True:
-            first = held if held is not None else await queue.get()
+            first = held if held is not None else await self._next(None)
             held = None
+            assert first is not None
             if first.kind == "call":
                 await self._run_call(first)
                 continue
             batch = [first]
             deadline = loop.time() + self.max_wait
             while len(batch) < self.max_batch:
-                try:
-                    nxt = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        break
-                    try:
-                        nxt = await asyncio.wait_for(queue.get(), left)
-                    except asyncio.TimeoutError:
-                        break
+                nxt = await self._next(deadline - loop.time())
+                if nxt is None:
+                    break
                 if nxt.kind == "call":  # a write: answer the reads gathered so far first
                     held = nxt
                     break
