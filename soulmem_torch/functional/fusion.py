@@ -45,6 +45,7 @@ __all__ = [
     "BM25_K1",
     "bm25_note_weights",
     "bm25_scores",
+    "bm25_term_major",
     "rank_fusion",
     "reciprocal_rank",
     "relative_seeds",
@@ -228,24 +229,58 @@ def bm25_note_weights(
     return torch.sparse_coo_tensor(tf.indices(), w, (n, v), check_invariants=False).coalesce()
 
 
-def bm25_scores(query_terms: Tensor, note_weights: Tensor) -> Tensor:
+def bm25_term_major(note_weights: Tensor) -> Tensor:
+    """``note_weights`` (N, V) transposed to a coalesced (V, N) COO tensor (term-major), the
+    layout :func:`bm25_scores` reads; compute it once per index and pass it as ``term_major``."""
+    return note_weights.t().coalesce()
+
+
+def bm25_scores(
+    query_terms: Tensor, note_weights: Tensor, *, term_major: Tensor | None = None
+) -> Tensor:
     """BM25 score of every (query, note): ``Σ_t q(t) · w(note, t)``, shape (B, N) float64.
 
+    Only the postings of the query's own terms are read: each query term's column of
+    ``note_weights`` is gathered and summed into its row (one ``index_put_`` for the batch), so
+    the cost is the number of (query term, note) matches, on any device.
+
     Args:
-        query_terms: (B, V) float, sparse COO (the fast path: one sparse × sparse product that
-            touches only the query's terms) or dense: 1 for each distinct query term (or counts).
+        query_terms: (B, V) float, sparse COO or dense: 1 for each distinct query term (or
+            counts).
         note_weights: sparse COO (N, V) from :func:`bm25_note_weights`.
+        term_major: :func:`bm25_term_major` of ``note_weights`` (computed here when None).
     """
     if query_terms.dim() != 2 or query_terms.shape[1] != note_weights.shape[1]:
         raise ValidationError(
             f"query_terms: expected shape (B, {note_weights.shape[1]}), "
             f"found {tuple(query_terms.shape)}"
         )
-    b, n = query_terms.shape[0], note_weights.shape[0]
-    if n == 0 or b == 0 or note_weights.shape[1] == 0:
-        return torch.zeros(b, n, dtype=torch.float64, device=note_weights.device)
-    q = query_terms.to(torch.float64)
-    if q.is_sparse:
-        return torch.sparse.mm(q, note_weights.t()).to_dense()
-    # (N, V) sparse @ (V, B) dense -> (N, B)
-    return torch.sparse.mm(note_weights, q.T.contiguous()).T.contiguous()
+    b, (n, v) = query_terms.shape[0], note_weights.shape
+    device = note_weights.device
+    out = torch.zeros(b, n, dtype=torch.float64, device=device)
+    if n == 0 or b == 0 or v == 0:
+        return out
+    q = query_terms.to(device)
+    q = q.coalesce() if q.is_sparse else q.to_sparse()
+    qb, qt = q.indices()
+    qv = q.values().to(torch.float64)
+    tm = bm25_term_major(note_weights) if term_major is None else term_major
+    t_of, n_of = tm.indices()
+    w = tm.values().to(torch.float64)
+    count = torch.bincount(t_of, minlength=v)
+    start = torch.cumsum(count, 0) - count
+    lens = count[qt]
+    total = int(lens.sum())
+    if total == 0:
+        return out
+    first = torch.repeat_interleave(start[qt], lens)
+    rank_in_run = torch.arange(total, device=device) - torch.repeat_interleave(
+        torch.cumsum(lens, 0) - lens, lens
+    )
+    pos = first + rank_in_run
+    out.index_put_(
+        (torch.repeat_interleave(qb, lens), n_of[pos]),
+        torch.repeat_interleave(qv, lens) * w[pos],
+        accumulate=True,
+    )
+    return out

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from soulmem_torch.functional.fusion import bm25_note_weights, bm25_scores
+from soulmem_torch.functional.fusion import bm25_note_weights, bm25_scores, bm25_term_major
 
 if TYPE_CHECKING:
     from soulmem_torch.graph import MemoryGraph
@@ -95,10 +95,12 @@ def query_strings(query: Any) -> list[str]:
 
 @dataclass(frozen=True)
 class TextIndex:
-    """BM25 weights of one memory's notes: ``vocab`` term → column, ``weights`` sparse (N, V)."""
+    """BM25 weights of one memory's notes: ``vocab`` term → column, ``weights`` sparse (N, V)
+    and the same transposed, ``term_major`` (V, N)."""
 
     vocab: dict[str, int]
     weights: Tensor
+    term_major: Tensor
 
     def query_terms(self, queries: Sequence[Iterable[str]], *, device: torch.device) -> Tensor:
         """Sparse COO (B, V) float64: 1 for each distinct known term of each query's strings."""
@@ -138,7 +140,8 @@ def build_text_index(notes: Sequence[MemoryNote], *, device: torch.device) -> Te
         (len(notes), len(vocab)),
         check_invariants=True,
     )
-    return TextIndex(vocab, bm25_note_weights(tf).to(device))
+    weights = bm25_note_weights(tf).to(device)
+    return TextIndex(vocab, weights, bm25_term_major(weights))
 
 
 def _notes_of(memory: MemorySource) -> list[Any] | None:
@@ -173,4 +176,4 @@ def text_scores(graph: MemoryGraph, memory: MemorySource, queries: Sequence[Any]
     if index is None or not index.vocab:
         return torch.zeros(len(queries), n, dtype=torch.float64, device=graph.device)
     terms = index.query_terms([query_strings(q) for q in queries], device=graph.device)
-    return bm25_scores(terms, index.weights)
+    return bm25_scores(terms, index.weights, term_major=index.term_major)
