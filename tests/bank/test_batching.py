@@ -134,3 +134,34 @@ def test_close_fails_queued_requests_and_bad_settings(bank) -> None:
                          ({"max_queue": True}, "max_queue")]:  # fmt: skip
         with pytest.raises(ValidationError, match=name):
             BatchingRetriever(bank, **kwargs)
+
+
+def test_no_request_is_lost_when_batch_windows_time_out() -> None:
+    """Thousands of requests against batch windows that keep timing out: every caller gets
+    exactly its own answer (a wait_for-based queue read could drop one and hang its caller)."""
+    import random
+
+    class Echo:  # instant answers: only the batcher's bookkeeping is exercised
+        def __contains__(self, agent: object) -> bool:
+            return True
+
+        def ask(self, agents, texts, config=None):
+            return [f"{a}:{t}" for a, t in zip(agents, texts)]
+
+    rng = random.Random(0)
+
+    async def main():
+        async with BatchingRetriever(Echo(), max_batch=7, max_wait_ms=0.05) as r:
+
+            async def client(c: int) -> list[str]:
+                out = []
+                for i in range(60):
+                    out.append(await r.ask(f"a{c}", f"t{i}"))
+                    if i % 3 == 0:
+                        await asyncio.sleep(rng.random() * 0.0005)
+                return out
+
+            return await asyncio.wait_for(asyncio.gather(*(client(c) for c in range(40))), 60)
+
+    got = asyncio.run(main())
+    assert got == [[f"a{c}:t{i}" for i in range(60)] for c in range(40)]
