@@ -82,6 +82,19 @@ def supported_config(config: Any) -> None:
         )
 
 
+def _agent_graph(union: UnionSnapshot, p: int) -> Any:
+    """Agent ``p``'s own snapshot on the union's device (moved copies cached on the union, so
+    their derived caches — transition, text index — survive between calls)."""
+    graph = union.graphs[p]
+    if graph.device == union.device:
+        return graph
+    key = ("agent_graph", p)
+    moved = union.cache.get(key)
+    if moved is None:
+        moved = union.cache[key] = graph.to(union.device)
+    return moved
+
+
 def _is_plain(q: Any) -> bool:
     return isinstance(q, (str, Tensor))
 
@@ -97,12 +110,13 @@ def _topk(scores: Tensor, mask: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor,
 def _lists(
     ids: list[list[Any]], values: Tensor, index: Tensor, valid: Tensor, *, as_float32: bool = False
 ) -> list[list[tuple[Any, float]]]:
+    """``[(id, score)]`` per row: the valid entries of a stable top-k, in order."""
     if as_float32:
         values = values.to(torch.float32)
-    out = []
-    for row_ids, vrow, irow, krow in zip(ids, values.tolist(), index.tolist(), valid.tolist()):
-        out.append([(row_ids[i], v) for v, i, k in zip(vrow, irow, krow) if k])
-    return out
+    return [
+        [(row_ids[i], v) for v, i, k in zip(vrow, irow, krow) if k]
+        for row_ids, vrow, irow, krow in zip(ids, values.tolist(), index.tolist(), valid.tolist())
+    ]
 
 
 def _plain_vectors(queries: Sequence[Any], embedder: Any, width: int, device: Any) -> Tensor:
@@ -178,7 +192,7 @@ def _text_channel(
         if mem is not None:
             groups.setdefault(p, []).append(b)
     for p, rows in groups.items():
-        graph = union.graphs[p].to(union.device)
+        graph = _agent_graph(union, p)
         s = text_scores(graph, memories[rows[0]], [queries[b] for b in rows])
         out[torch.tensor(rows, device=union.device), : s.shape[1]] = s
     return out
@@ -271,7 +285,7 @@ def _association(
         for r in other:
             groups.setdefault(positions[r], []).append(r)
         for p, rows in groups.items():
-            graph = union.graphs[p].to(union.device)
+            graph = _agent_graph(union, p)
             n = int(graph.num_nodes)
             rt = torch.tensor(rows, device=union.device)
             res, _ = run_association(
