@@ -1353,9 +1353,7 @@ def _embed_with_progress(
     from soulmem_torch.embedding import embed_notes
 
     out: list[MemoryEmbedding] = []
-    with tqdm(
-        total=len(notes), desc="embed", unit="note", disable=not progress, leave=True
-    ) as bar:
+    with tqdm(total=len(notes), desc="embed", unit="note", disable=not progress, leave=True) as bar:
         for start in range(0, len(notes), chunk):
             part = notes[start : start + chunk]
             out.extend(embed_notes(part, embedder))
