@@ -23,7 +23,6 @@ def memory_note_json_schema() -> dict[str, Any]:
     return schema
 
 
-
 DUPLICATE_POLICIES = ("reject", "first", "last")
 """What :func:`parse_notes_text` does with a note id that appears twice in one file."""
 

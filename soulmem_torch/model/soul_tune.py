@@ -78,7 +78,6 @@ def _repair_link_type(link_type: Any) -> Any:
     return link_type
 
 
-
 def parse_soul_tune_graph(
     nodes: Any, *, now: datetime | None = None, source: str = "<graph>"
 ) -> SoulTuneGraph:
