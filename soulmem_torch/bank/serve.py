@@ -145,6 +145,7 @@ def create_app(
                 "failed": stats.failed,
                 "batches": stats.batches,
                 "largest_batch": stats.largest_batch,
+                "busy_seconds": round(stats.busy_seconds, 3),
             }
         )
 
