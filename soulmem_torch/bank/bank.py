@@ -26,7 +26,9 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from functools import wraps
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,17 @@ __all__ = ["MemoryBank"]
 BANK_FORMAT = "soulmem-bank"
 BANK_VERSION = 1
 MANIFEST = "bank.json"
+
+
+def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Runs the method under the bank's (re-entrant) lock."""
+
+    @wraps(method)
+    def wrapper(self: MemoryBank, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 def _check_agent_id(agent_id: Any, what: str = "agent_id") -> str:
@@ -76,6 +89,9 @@ class MemoryBank:
         device: where retrieval runs: ``None`` (CPU), ``"auto"``, ``"cuda"``, ``"cuda:1"``, … .
         window_capacity: each agent's short-term window size (as ``SoulMem``).
 
+    The bank's methods take a lock, so threads may share it (changes made directly through an
+    agent's ``SoulMem`` view are not covered by it).
+
     Example::
 
         bank = MemoryBank()
@@ -98,6 +114,7 @@ class MemoryBank:
         self._union: Any = None
         self._union_snapshots: list[Any] = []
         self._dirty = True
+        self._lock = threading.RLock()
 
     # -- building ------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -116,6 +133,7 @@ class MemoryBank:
         self._order.append(agent_id)
         self._dirty = True
 
+    @_locked
     def add_agent(
         self,
         agent_id: str,
@@ -149,6 +167,7 @@ class MemoryBank:
         self._register(agent_id, _Agent(mem=mem))
         return len(mem)
 
+    @_locked
     def add_agent_graph(self, agent_id: str, graph: Any) -> int:
         """Adds an agent from a tensor snapshot (``MemoryGraph.from_tensors``, no notes).
 
@@ -198,6 +217,7 @@ class MemoryBank:
             mem.readable_ids.update(readable_ids)
         return sum(bool(a) for a in added)
 
+    @_locked
     def add_notes(
         self,
         agent_id: str,
@@ -237,6 +257,7 @@ class MemoryBank:
         return self._get(agent_id).snapshot()
 
     # -- the union ---------------------------------------------------------------------------
+    @_locked
     def union(self) -> Any:
         """The disjoint-union snapshot, rebuilt when an agent changed since the last one."""
         from soulmem_torch.bank._union import build_union
@@ -270,6 +291,7 @@ class MemoryBank:
             out.append(p)
         return out
 
+    @_locked
     def query(
         self,
         requests: Sequence[tuple[str, Any]],
@@ -398,6 +420,7 @@ class MemoryBank:
             ],
         }
 
+    @_locked
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Writes every agent (a ``MemoryStore`` each, atomic) and then the manifest (atomic)."""
         root = Path(path)
@@ -407,6 +430,7 @@ class MemoryBank:
         self._write_manifest(root)
         return root
 
+    @_locked
     def save_agent(self, path: str | os.PathLike[str], agent_id: str) -> Path:
         """Persists one agent (and the manifest) into an existing bank directory."""
         root = Path(path)

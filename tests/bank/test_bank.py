@@ -309,3 +309,41 @@ def test_unknown_config_field_is_refused() -> None:
     bank.add_agent("a", sample_notes(list(range(10))))
     with pytest.raises(ConfigError, match="config.novel_channel"):
         bank.ask(["a"], ["hi"], config=Extended())
+
+
+def test_threads_may_share_a_bank() -> None:
+    import threading
+
+    bank = MemoryBank()
+    bank.add_agent("a", sample_notes(list(range(0, 40))))
+    bank.add_agent("b", sample_notes(list(range(20, 60))))
+    cfg = config("power")
+    want = bank.ask(["b"], [TEXTS[1]], config=cfg)[0]
+    errors: list[BaseException] = []
+    results: list[object] = []
+
+    def reader() -> None:
+        try:
+            for _ in range(5):
+                results.append(bank.ask(["b"], [TEXTS[1]], config=cfg)[0])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def writer() -> None:
+        try:
+            for i in range(40, 77, 8):
+                bank.add_notes("a", sample_notes(list(range(i, min(i + 8, 77)))))
+        except BaseException as exc:  # pragma: no cover
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)] + [
+        threading.Thread(target=writer)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 15 and len(bank.agent("a")) == 77
+    for got in results:  # agent b never changed: the same answer every time
+        assert_same_result(got, want)
