@@ -965,9 +965,14 @@ class MemoryStore:
             version_dir = self._current_dir()
             try:
                 return self._load_version(version_dir)
-            except StoreError:
+            except StoreError as exc:
                 if self.current_version() in (version_dir.name, None):
-                    raise  # not a concurrent swap: the live version itself is bad
+                    # not a concurrent swap: the live version itself is bad
+                    raise type(exc)(
+                        f"{exc}; the live version {version_dir.name} is damaged — "
+                        f"`soulmem versions {self.path}` lists every version and "
+                        f"`soulmem restore {self.path} VERSION` makes a verified one live"
+                    ) from None
         return self._load_version(self._current_dir())
 
     def manifest(self) -> dict[str, Any]:

@@ -143,3 +143,17 @@ def test_absent_store_is_not_damaged(tmp_path: Path) -> None:
     assert not isinstance(info.value, StoreDamagedError)
     store.save(notes(0, 1))
     assert store.check() == store.current_version()
+
+
+def test_a_damaged_live_version_names_the_recovery_path(tmp_path: Path) -> None:
+    store, names = _three_versions(tmp_path)
+    live = tmp_path / "versions" / names[2] / NOTES_FILE
+    live.write_bytes(live.read_bytes()[:-3])
+    with pytest.raises(
+        StoreError,
+        match=rf"truncated .* live version {names[2]} is damaged .*"
+        rf"soulmem restore {tmp_path} VERSION",
+    ):
+        store.load()
+    store.restore(names[1])
+    assert len(store.load().notes) == 4
