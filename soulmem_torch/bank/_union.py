@@ -370,10 +370,93 @@ def _weight_key(config: Any) -> tuple[Any, ...]:
     )
 
 
+@dataclass(frozen=True, eq=False)
+class UnionOperator:
+    """What the union's PPR reads of a transition operator: ``transpose`` (N, N) CSR ``P^T``
+    (block-diagonal) and ``out_degree`` (N,) (a node without out-edges is dangling)."""
+
+    transpose: Tensor
+    out_degree: Tensor
+
+
+def carry_operators(new: UnionSnapshot, old: UnionSnapshot | None, changed: Sequence[int]) -> None:
+    """Lets ``new`` splice its operators from ``old``'s: the agents not in ``changed`` (and
+    already in ``old``) keep their rows, only shifted; ``old`` itself is not kept alive."""
+    if old is None:
+        return
+    ops = {k: v for k, v in old.cache.items() if isinstance(k, tuple) and k[0] == "transition"}
+    if ops:
+        new.cache["previous"] = (ops, old.ptr, old.num_agents, sorted(set(changed)))
+
+
+def _splice(union: UnionSnapshot, key: tuple[Any, ...], config: Any) -> UnionOperator | None:
+    """The union's operator from the previous union's (unchanged agents' rows, shifted) and
+    each changed or new agent's own operator (``retrieve._engine.transition``, cached on its
+    snapshot): ``O(total entries)`` copying, no sort, nothing recomputed for the others."""
+    previous = union.cache.get("previous")
+    if previous is None or key not in previous[0]:
+        return None
+    from soulmem_torch.retrieve._engine import transition
+
+    ops, old_ptr, old_agents, changed = previous
+    old = ops[key]
+    device = union.device
+    crow = old.transpose.crow_indices().to(_I64)
+    col = old.transpose.col_indices().to(_I64)
+    vals = old.transpose.values()
+    old_ptr = old_ptr.tolist()
+    ptr = union.ptr.tolist()
+    fresh = set(changed) | set(range(old_agents, union.num_agents))
+    row_len, cols, values, degree = [], [], [], []
+    p = 0
+    while p < union.num_agents:
+        if p in fresh:
+            own = transition(union.graphs[p], config)
+            t = own.transpose
+            c = t.crow_indices().to(_I64)
+            row_len.append((c[1:] - c[:-1]).to(device))
+            cols.append(t.col_indices().to(device=device, dtype=_I64) + ptr[p])
+            values.append(t.values().to(device))
+            degree.append(own.out_degree.to(device))
+            p += 1
+            continue
+        q = p  # a run of unchanged agents: one slice of the old operator, shifted
+        while q < union.num_agents and q not in fresh:
+            q += 1
+        n0, n1 = old_ptr[p], old_ptr[q]
+        e0, e1 = int(crow[n0]), int(crow[n1])
+        row_len.append(crow[n0 + 1 : n1 + 1] - crow[n0:n1])
+        cols.append(col[e0:e1] + (ptr[p] - old_ptr[p]))
+        values.append(vals[e0:e1])
+        degree.append(old.out_degree[n0:n1])
+        p = q
+    n = union.num_nodes
+    new_crow = torch.zeros(n + 1, dtype=_I64, device=device)
+    if row_len:
+        torch.cumsum(torch.cat(row_len), 0, out=new_crow[1:])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]parse CSR tensor support is in beta.*")
+        transpose = torch.sparse_csr_tensor(
+            new_crow,
+            torch.cat(cols) if cols else torch.zeros(0, dtype=_I64, device=device),
+            torch.cat(values) if values else torch.zeros(0, dtype=_F64, device=device),
+            (n, n),
+            check_invariants=False,
+        )
+    out_degree = torch.cat(degree) if degree else torch.zeros(0, dtype=_I64, device=device)
+    return UnionOperator(transpose, out_degree)
+
+
 def union_transition(union: UnionSnapshot, config: Any) -> Any:
-    """The union's row-normalized transition (block-diagonal), cached per preference/factors."""
+    """The union's row-normalized transition (block-diagonal), cached per preference/factors:
+    spliced from the previous union's when only some agents changed (see :func:`_splice`),
+    else built in one vectorized pass over every link."""
     key = ("transition", *_weight_key(config))
     op = union.cache.get(key)
+    if op is None:
+        op = _splice(union, key, config)
     if op is None:
         w = dynamic_edge_weight(
             union.edge_index,
@@ -385,8 +468,9 @@ def union_transition(union: UnionSnapshot, config: Any) -> Any:
             intensity_factor=config.resolved_intensity_factor,
             confidence_factor=config.resolved_confidence_factor,
         )
-        op = build_transition(union.edge_index, w, num_nodes=union.num_nodes)
-        union.cache[key] = op
+        full = build_transition(union.edge_index, w, num_nodes=union.num_nodes)
+        op = UnionOperator(full.transpose, full.out_degree)
+    union.cache[key] = op
     return op
 
 

@@ -260,12 +260,15 @@ class MemoryBank:
     @_locked
     def union(self) -> Any:
         """The disjoint-union snapshot, rebuilt when an agent changed since the last one."""
-        from soulmem_torch.bank._union import build_union
+        from soulmem_torch.bank._union import build_union, carry_operators
 
         if self._dirty or self._union is None:
             snaps = [self._agents[a].snapshot() for a in self._order]
-            self._union = build_union(snaps, self.device)
-            self._union_snapshots = snaps
+            old, old_snaps = self._union, self._union_snapshots
+            union = build_union(snaps, self.device)
+            changed = [p for p, s in enumerate(old_snaps) if snaps[p] is not s]
+            carry_operators(union, old, changed)
+            self._union, self._union_snapshots = union, snaps
             self._dirty = False
         return self._union
 

@@ -347,3 +347,29 @@ def test_threads_may_share_a_bank() -> None:
     assert len(results) == 15 and len(bank.agent("a")) == 77
     for got in results:  # agent b never changed: the same answer every time
         assert_same_result(got, want)
+
+
+def test_a_change_splices_the_union_operator() -> None:
+    """After a change only the changed agents' rows are recomputed; the spliced operator
+    equals one built from scratch."""
+    from soulmem_torch.bank._union import build_union, union_transition
+
+    bank = MemoryBank(embedder=HashingEmbedder(dim=4))
+    for a in range(5):
+        bank.add_agent_graph(f"g{a}", random_agent_graph(6 + a, 15, 4, a))
+    bank.add_agent("notes", sample_notes(list(range(10))))
+    cfg = config("power")
+    assoc = cfg.assoc_with_action.association
+    bank.query([("g1", torch.ones(4))], config=cfg)  # builds (and caches) the operator
+    bank.add_notes("notes", sample_notes(list(range(10, 30))))
+    bank.add_agent_graph("g9", random_agent_graph(7, 20, 4, 9))
+    union = bank.union()
+    assert "previous" in union.cache
+    spliced = union_transition(union, assoc)
+    fresh = union_transition(build_union(union.graphs, union.device), assoc)
+    assert torch.allclose(spliced.transpose.to_dense(), fresh.transpose.to_dense(), atol=1e-15)
+    assert torch.equal(spliced.out_degree, fresh.out_degree)
+    for agent in ("g0", "g4", "g9"):
+        got = bank.query([(agent, torch.ones(4))], config=cfg)[0]
+        want = RetrDefaultPipeline().retrieve(cfg.into_request(bank.graph(agent), torch.ones(4)))
+        assert_same_result(got, want)
