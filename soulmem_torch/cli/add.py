@@ -254,11 +254,19 @@ def cmd_add(args: argparse.Namespace) -> int:
     p = Path(store)
     if p.exists() and not p.is_dir():
         raise CLIError(f"store {store}: exists and is not a directory")
+    from soulmem_torch.store import MemoryStore
+
+    notes: list[Any] = _notes_from_input(args.notes) if kind == "notes" else []
+    # read → add → write under the store's writer lock: concurrent adds / imports all land
+    with MemoryStore(store).lock():
+        return _add_locked(args, kind, store, notes)
+
+
+def _add_locked(args: argparse.Namespace, kind: str, store: str, notes: list[Any]) -> int:
     from soulmem_torch.model import MemoryLink, MemoryNote
     from soulmem_torch.model.timestamp import Timestamp
     from soulmem_torch.store import MemoryStore
 
-    notes: list[Any] = _notes_from_input(args.notes) if kind == "notes" else []
     mem = _open_memory(store, args) if MemoryStore(store).exists() else _new_memory(args)
     names: dict[Any, str] = {}
     if kind != "notes":

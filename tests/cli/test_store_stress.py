@@ -138,3 +138,34 @@ def test_kill_9_at_the_commit_point_keeps_the_previous_version(tmp_path: Path) -
         names = {p.name for p in (store_path / "versions").iterdir()}
         assert names == {store.current_version()}, where
         assert not list(store_path.glob("CURRENT.tmp-*"))
+
+
+ADDER = """
+import sys
+from soulmem_torch.cli import main
+store, tag = sys.argv[1], sys.argv[2]
+for j in range(5):
+    code = main(["add", store, "--semantic", f"concept {tag}-{j}", "-q"])
+    print(f"done {j} {code}", flush=True)
+"""
+
+
+def test_concurrent_adds_all_land(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", ADDER, str(store), tag],
+            cwd=REPO,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for tag in ("a", "b")
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0 and out.count(" 0\n") == 5, (out, err)
+    contents = MemoryStore(store).load()
+    names = sorted(n.mem_type.content for n in contents.notes)
+    assert names == sorted(f"concept {t}-{j}" for t in "ab" for j in range(5))
