@@ -130,9 +130,11 @@ class QueryEmbeddingBatch:
             field_emb = torch.zeros(n, len(FIELD_NAMES), self.dim, device=device)
             tag_mask = torch.zeros(n, dtype=torch.bool, device=device)
             field_mask = torch.zeros(n, len(FIELD_NAMES), dtype=torch.bool, device=device)
+            notes = None
         else:
             tag_mask = graph.tag_mask
             field_mask = graph.field_mask
+            notes = _cached_note_side(graph, tag_emb, tag_mask, field_emb, field_mask)
         q = self.to(device)
         return fused_similarity(
             q.tag,
@@ -147,7 +149,25 @@ class QueryEmbeddingBatch:
             node_type,
             string_scores=string_scores,
             weights=weights,
+            notes=notes,
         )
+
+
+def _cached_note_side(
+    graph: Any, tag_emb: Tensor, tag_mask: Tensor, field_emb: Tensor, field_mask: Tensor
+) -> Any:
+    """The normalized note side of the similarity, once per graph snapshot (in ``graph.cache``
+    when it has one; the cache holds a normalized copy of the note fields)."""
+    from soulmem_torch.functional.similarity import note_side
+
+    cache = getattr(graph, "cache", None)
+    if not isinstance(cache, dict):
+        return note_side(tag_emb, tag_mask, field_emb, field_mask)
+    hit = cache.get("similarity_note_side")
+    sources = (tag_emb, tag_mask, field_emb, field_mask)
+    if hit is None or any(a is not b for a, b in zip(hit[0], sources)):
+        hit = cache["similarity_note_side"] = (sources, note_side(*sources))
+    return hit[1]
 
 
 def as_query(query: Any, i: int = 0) -> MemoryRetrieveQuery:

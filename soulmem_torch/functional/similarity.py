@@ -49,7 +49,7 @@ original's order):
 from __future__ import annotations
 
 import struct
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -69,11 +69,13 @@ from soulmem_torch.functional.topk import stable_topk
 
 __all__ = [
     "BlendWeights",
+    "NoteSide",
     "cosine_scores",
     "embedding_scores",
     "fuse_string_scores",
     "fused_similarity",
     "normalize_rows",
+    "note_side",
     "topk",
 ]
 
@@ -243,18 +245,54 @@ def _check_inputs(
     return b, u, n, d
 
 
+class _QueryFields:
+    """The query unit fields of B queries, normalized one field at a time, on demand.
+
+    Stands in for a normalized ``qn`` (b, U, Q, D) in the variant kernels: a field no unit of
+    the batch has is never normalized or multiplied (its cosines are zeros, as a zero row's
+    are), and the others are gathered as (b, U, D) slices — the padded (B, U, Q, D) tensor is
+    never copied or normalized whole.
+    """
+
+    def __init__(self, field: Tensor, rows: Tensor, qm: Tensor) -> None:
+        self.field, self.rows, self.qm = field, rows, qm  # qm: (b, U, Q), rows into field
+        self.device = field.device
+        self.shape = (int(rows.shape[0]), int(field.shape[1]))
+        self.present = qm.any(dim=1).any(dim=0).tolist()  # (Q,): one host sync
+        self._done: dict[int, Tensor] = {}
+
+    def slice(self, i: int) -> Tensor | None:
+        """Normalized field ``i`` of every unit, absent ones zeroed: (b, U, D); ``None`` when
+        no unit has it."""
+        if not self.present[i]:
+            return None
+        if i not in self._done:
+            x = normalize_rows(self.field[self.rows, :, i])
+            self._done[i] = x.masked_fill_(~self.qm[:, :, i].unsqueeze(-1), 0.0)
+        return self._done[i]
+
+
 class _Pair:
     """Cosines between query unit fields (b, U, Q, D) and note fields (n, F, D)."""
 
-    def __init__(self, qn: Tensor, fn: Tensor) -> None:
+    def __init__(self, qn: Tensor | _QueryFields, fn: Tensor) -> None:
         self.qn, self.fn = qn, fn
 
     def __call__(self, q_name: str, f_name: str) -> Tensor:
         # (b, U, D) @ (D, n) -> (b, U, n)
-        return torch.matmul(self.qn[:, :, _Q[q_name]], self.fn[:, _F[f_name]].T)
+        if isinstance(self.qn, _QueryFields):
+            q = self.qn.slice(_Q[q_name])
+            if q is None:  # no unit has the field: the cosines of zero rows
+                b, u = self.qn.shape
+                return torch.zeros(b, u, self.fn.shape[0], device=self.fn.device)
+        else:
+            q = self.qn[:, :, _Q[q_name]]
+        return torch.matmul(q, self.fn[:, _F[f_name]].T)
 
 
-def _semantic_variant(qn: Tensor, qm: Tensor, um: Tensor, fn: Tensor, w: BlendWeights) -> Tensor:
+def _semantic_variant(
+    qn: Tensor | _QueryFields, qm: Tensor, um: Tensor, fn: Tensor, w: BlendWeights
+) -> Tensor:
     """(b, n): mean over units of the Semantic unit score."""
     cos = _Pair(qn, fn)
     has_concept = qm[:, :, _Q["concept"]].unsqueeze(-1)
@@ -272,7 +310,7 @@ def _semantic_variant(qn: Tensor, qm: Tensor, um: Tensor, fn: Tensor, w: BlendWe
 
 
 def _situation_variant(
-    qn: Tensor,
+    qn: Tensor | _QueryFields,
     qm: Tensor,
     um: Tensor,
     fn: Tensor,
@@ -371,6 +409,36 @@ def _situation_variant(
     return total
 
 
+class NoteSide(NamedTuple):
+    """The note side of :func:`embedding_scores`, computed once per snapshot
+    (:func:`note_side`; ``QueryEmbeddingBatch.score`` caches it in ``MemoryGraph.cache``)."""
+
+    field: Tensor  # (N, F, D) f32: normalized note fields, absent ones zeroed
+    tag: Tensor  # (N, D) f32: normalized tag vectors, zero for notes without an embedding
+    no_tag: Tensor  # (N,) bool: no tag vector (all zeros, or no embedding)
+
+
+def note_side(
+    tag_emb: Tensor,
+    tag_mask: Tensor,
+    field_emb: Tensor,
+    field_mask: Tensor,
+    *,
+    device: torch.device | str | None = None,
+) -> NoteSide:
+    """The normalized note tensors :func:`embedding_scores` matches queries against."""
+    device = field_emb.device if device is None else torch.device(device)
+    fm = field_mask.to(device)
+    # normalize_rows returns a fresh tensor, so absent fields can be zeroed in place (whatever
+    # the input holds there)
+    fn = normalize_rows(field_emb.to(device)).masked_fill_(~fm.unsqueeze(-1), 0.0)
+    has_emb = tag_mask.to(device)
+    tag = tag_emb.to(device, torch.float32)
+    tn = normalize_rows(tag) * has_emb.unsqueeze(-1)
+    no_tag = ~((tag != 0).any(dim=-1) & has_emb)
+    return NoteSide(fn, tn, no_tag)
+
+
 def embedding_scores(
     query_tag: Tensor,
     query_kind: Tensor,
@@ -384,10 +452,13 @@ def embedding_scores(
     node_type: Tensor,
     *,
     weights: BlendWeights | None = None,
+    notes: NoteSide | None = None,
 ) -> Tensor:
     """The embedding score (tag blend of the variant score) of B queries vs N notes.
 
-    See the module docstring for the arguments and the rules.
+    See the module docstring for the arguments and the rules. ``notes``: the note side already
+    normalized (:func:`note_side` of the same ``tag_emb`` / ``tag_mask`` / ``field_emb`` /
+    ``field_mask``, on the queries' device); ``None`` → computed here.
 
     Returns:
         shape (B, N), float32, on the inputs' device.
@@ -401,13 +472,12 @@ def embedding_scores(
         tag_emb, tag_mask, field_emb, field_mask, node_type,
     )  # fmt: skip
     device = query_field.device
+    if notes is None:
+        notes = note_side(tag_emb, tag_mask, field_emb, field_mask, device=device)
     fm = field_mask.to(device)
-    # normalize_rows returns a fresh tensor, so absent fields can be zeroed in place (whatever
-    # the input holds there)
-    fn = normalize_rows(field_emb.to(device)).masked_fill_(~fm.unsqueeze(-1), 0.0)
+    fn = notes.field
     um = query_unit_mask
     qm = query_field_mask & um.unsqueeze(-1)
-    qn = normalize_rows(query_field).masked_fill_(~qm.unsqueeze(-1), 0.0)
     ntype = node_type.to(device)
     kind = query_kind.to(device)
 
@@ -417,20 +487,20 @@ def embedding_scores(
     sem_n = (ntype == NODE_SEMANTIC).nonzero().squeeze(1)
     sit_n = ((ntype == NODE_SPECIFIC) | (ntype == NODE_ABSTRACT)).nonzero().squeeze(1)
     if sem_q.numel() and sem_n.numel():
+        qs = _QueryFields(query_field, sem_q, qm[sem_q])
         variant[sem_q.unsqueeze(1), sem_n.unsqueeze(0)] = _semantic_variant(
-            qn[sem_q], qm[sem_q], um[sem_q], fn[sem_n], w
+            qs, qs.qm, um[sem_q], fn[sem_n], w
         )
     if sit_q.numel() and sit_n.numel():
+        qs = _QueryFields(query_field, sit_q, qm[sit_q])
         variant[sit_q.unsqueeze(1), sit_n.unsqueeze(0)] = _situation_variant(
-            qn[sit_q], qm[sit_q], um[sit_q], fn[sit_n], fm[sit_n], ntype[sit_n], w
+            qs, qs.qm, um[sit_q], fn[sit_n], fm[sit_n], ntype[sit_n], w
         )
 
     has_emb = tag_mask.to(device)
-    tag = tag_emb.to(device, torch.float32)
-    tag_cos = normalize_rows(query_tag) @ (normalize_rows(tag) * has_emb.unsqueeze(-1)).T
+    tag_cos = normalize_rows(query_tag) @ notes.tag.T
     q_zero = ~(query_tag != 0).any(dim=-1)
-    n_zero = ~((tag != 0).any(dim=-1) & has_emb)
-    no_tag = q_zero.unsqueeze(1) | n_zero.unsqueeze(0)
+    no_tag = q_zero.unsqueeze(1) | notes.no_tag.unsqueeze(0)
     score = torch.where(no_tag, variant, w.tag * tag_cos + w.variant * variant)
     return torch.where(has_emb.unsqueeze(0), score, 0.0)
 
@@ -468,17 +538,18 @@ def fused_similarity(
     *,
     string_scores: Tensor | None = None,
     weights: BlendWeights | None = None,
+    notes: NoteSide | None = None,
 ) -> Tensor:
     """The original's ``compute_fused`` for B queries vs N notes: shape (B, N), float32.
 
     :func:`embedding_scores` fused with the string channel (``string_scores``, shape (B, N),
     ``None`` = no string channel) by ``weights.string_blend_alpha``; notes without an embedding
-    score 0.
+    score 0. ``notes``: the cached note side (see :func:`embedding_scores`).
     """
     w = weights if weights is not None else BlendWeights()
     emb = embedding_scores(
         query_tag, query_kind, query_field, query_field_mask, query_unit_mask,
-        tag_emb, tag_mask, field_emb, field_mask, node_type, weights=w,
+        tag_emb, tag_mask, field_emb, field_mask, node_type, weights=w, notes=notes,
     )  # fmt: skip
     if string_scores is None:
         return emb
