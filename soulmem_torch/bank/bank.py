@@ -260,13 +260,15 @@ class MemoryBank:
     @_locked
     def union(self) -> Any:
         """The disjoint-union snapshot, rebuilt when an agent changed since the last one."""
-        from soulmem_torch.bank._union import build_union, carry_operators
+        from soulmem_torch.bank._union import build_union, carry_operators, splice_union
 
         if self._dirty or self._union is None:
             snaps = [self._agents[a].snapshot() for a in self._order]
             old, old_snaps = self._union, self._union_snapshots
-            union = build_union(snaps, self.device)
             changed = [p for p, s in enumerate(old_snaps) if snaps[p] is not s]
+            union = splice_union(old, snaps, changed) if old is not None else None
+            if union is None:
+                union = build_union(snaps, self.device)
             carry_operators(union, old, changed)
             self._union, self._union_snapshots = union, snaps
             self._dirty = False

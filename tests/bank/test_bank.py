@@ -350,8 +350,8 @@ def test_threads_may_share_a_bank() -> None:
 
 
 def test_a_change_splices_the_union_operator() -> None:
-    """After a change only the changed agents' rows are recomputed; the spliced operator
-    equals one built from scratch."""
+    """After a change only the changed agents are re-read: the spliced union and operator
+    equal ones built from scratch."""
     from soulmem_torch.bank._union import build_union, union_transition
 
     bank = MemoryBank(embedder=HashingEmbedder(dim=4))
@@ -365,8 +365,13 @@ def test_a_change_splices_the_union_operator() -> None:
     bank.add_agent_graph("g9", random_agent_graph(7, 20, 4, 9))
     union = bank.union()
     assert "previous" in union.cache
+    full = build_union(union.graphs, union.device)
+    for name in ("ptr", "eptr", "sizes", "agent", "node_type", "edge_index", "edge_kind",
+                 "intensity", "confidence", "prob", "tag_emb", "tag_mask", "field_emb",
+                 "field_mask"):  # fmt: skip
+        assert torch.equal(getattr(union, name), getattr(full, name)), name
     spliced = union_transition(union, assoc)
-    fresh = union_transition(build_union(union.graphs, union.device), assoc)
+    fresh = union_transition(full, assoc)
     assert torch.allclose(spliced.transpose.to_dense(), fresh.transpose.to_dense(), atol=1e-15)
     assert torch.equal(spliced.out_degree, fresh.out_degree)
     for agent in ("g0", "g4", "g9"):
