@@ -15,9 +15,10 @@ For every (agent, query) the result is that of a ``SoulMem`` holding only that a
 with the same config (same ids in the same order; scores equal up to float rounding).
 
 Cost of a change: ``add_notes`` embeds only the new notes and re-snapshots only that agent at
-the next query; the union is then re-concatenated (one ``torch.cat`` per field,
-``O(total notes + total edges)`` memory traffic, no per-agent recomputation) and its transition
-operator rebuilt in one vectorized pass.
+the next query; the union is then spliced from the previous one — the unchanged agents are
+slices of it with their offsets shifted, their rows of the PPR operator reused, and only the
+changed agents' tensors and operators are read anew (``O(total)`` copying in a few slices, no
+per-agent work for the others; a full concatenation when more than a quarter changed).
 """
 
 from __future__ import annotations
