@@ -331,10 +331,11 @@ def run_pipeline(
 
     # stage 0: the short-term window of each agent
     short_cfg = config.short_mem_with_history
-    short = [
-        RetrShortOnly().retrieve(short_cfg.into_request(mem)) if mem is not None else ([], "")
-        for mem in memories
-    ]
+    windows: dict[int, Any] = {}  # once per agent, not per query
+    for mem in memories:
+        if mem is not None and id(mem) not in windows:
+            windows[id(mem)] = RetrShortOnly().retrieve(short_cfg.into_request(mem))
+    short = [windows[id(mem)] if mem is not None else ([], "") for mem in memories]
 
     # stage 1: similarity on candidate rows
     sim_cfg = config.similarity
@@ -404,7 +405,7 @@ def run_pipeline(
         DefaultPipelineResult(
             association=association[j],
             action=actions[j],
-            short_history=short[j][0],
+            short_history=list(short[j][0]),
             short_mem=short[j][1],
             priority=priorities[j],
             seeds=seeds[j],
