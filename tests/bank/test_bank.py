@@ -378,3 +378,22 @@ def test_a_change_splices_the_union_operator() -> None:
         got = bank.query([(agent, torch.ones(4))], config=cfg)[0]
         want = RetrDefaultPipeline().retrieve(cfg.into_request(bank.graph(agent), torch.ones(4)))
         assert_same_result(got, want)
+
+
+def test_short_term_window_is_each_agents_own() -> None:
+    import asyncio
+
+    from soulmem_torch.runtime import User
+
+    bank = MemoryBank()
+    bank.add_agent("a", sample_notes(list(range(20))))
+    bank.add_agent("b", sample_notes(list(range(20))))
+    for t in ("hello", "it is raining"):
+        asyncio.run(bank.agent("a").working_memory.push(User(t)))
+    cfg = config("power")
+    got_a, got_b, got_a2 = bank.ask(["a", "b", "a"], [TEXTS[0], TEXTS[0], TEXTS[1]], config=cfg)
+    want = bank.agent("a").ask([TEXTS[0]], config=cfg)[0]
+    assert [str(m) for m in got_a.short_history] == [str(m) for m in want.short_history]
+    assert len(got_a.short_history) == 2 and got_b.short_history == []
+    assert got_a2.short_history == got_a.short_history
+    assert got_a2.short_history is not got_a.short_history  # each result owns its list
