@@ -1,10 +1,15 @@
 """The default pipeline over a :class:`~soulmem_torch.bank._union.UnionSnapshot`, as stages.
 
 Every stage works on per-query candidate rows ``(B, M)`` (query ``b``'s agent's notes, padded
-to the largest agent of the batch): similarity → seeds (threshold + top-k) → association
-(PPR on the union operator) → situation weights → BayesAction → merge. Each stage mirrors the
-retrieve layer (``retrieve/pipeline.py``, ``assoc_with_action.py``, ``_engine.py``) on one
-agent's graph, so a new per-row channel drops in as one more ``(B, M)`` tensor.
+to the largest agent of the batch, ``valid`` marking the real ones): short-term window →
+similarity (structured, string channel, or plain cosine) → seeds (relative cut for
+``fusion="rank"``, threshold + top-k for ``"max"``) → association (PPR on the union operator)
+→ situation weights → BayesAction → the memory list (reciprocal-rank fusion of the similarity,
+whole-note text and graph channels, or the original's max merge). Each stage mirrors the
+retrieve layer (``retrieve/pipeline.py``, ``assoc_with_action.py``, ``_engine.py``,
+``functional/fusion.py``) on one agent's graph; a new channel drops in as one more ``(B, M)``
+tensor masked by ``valid``. Config fields the bank does not know are refused
+(:func:`supported_config`), never ignored.
 """
 
 from __future__ import annotations
