@@ -31,6 +31,7 @@ from soulmem_torch.retrieve import (
     SimilarityConfig,
     mix_by_priority,
 )
+from soulmem_torch.retrieve._gcpause import gc_paused
 
 __all__ = ["EventLoopRunningError", "SoulMem", "note_label", "text_queries"]
 
@@ -271,13 +272,14 @@ class SoulMem:
             raise ValidationError(
                 f"priorities: expected {len(queries)} values, found {len(priorities)}"
             )
-        requests = [
-            config.into_request(
-                self.working_memory, q, p, embedder=self.embedder, device=self.device
-            )
-            for q, p in zip(queries, priorities)
-        ]
-        return RetrDefaultPipeline().retrieve_batch(requests)
+        with gc_paused():  # many short-lived acyclic objects (see _gcpause)
+            requests = [
+                config.into_request(
+                    self.working_memory, q, p, embedder=self.embedder, device=self.device
+                )
+                for q, p in zip(queries, priorities)
+            ]
+            return RetrDefaultPipeline().retrieve_batch(requests)
 
     def ask(
         self, texts: Sequence[str] | str, *, config: DefaultPipelineConfig | None = None
@@ -285,23 +287,26 @@ class SoulMem:
         """Free-text questions: each runs as a concept query and an episode query (one batch);
         their memories and actions are mixed, max per note (see :func:`text_queries`)."""
         texts = [texts] if isinstance(texts, str) else list(texts)
-        queries = [q for t in texts for q in text_queries(t)]
-        results = self.query(queries, config=config)
-        cut = (config or DefaultPipelineConfig()).merge_top_k
-        out = []
-        for i in range(len(texts)):
-            a, b = results[2 * i], results[2 * i + 1]
-            out.append(
-                DefaultPipelineResult(
-                    association=mix_by_priority([a.association, b.association], [0, 0], top_k=cut),
-                    action=mix_by_priority([a.action, b.action], [0, 0]),
-                    short_history=a.short_history,
-                    short_mem=a.short_mem,
-                    priority=0,
-                    seeds=mix_by_priority([a.seeds, b.seeds], [0, 0]),
+        with gc_paused():  # tens of thousands of short-lived acyclic objects (see _gcpause)
+            queries = [q for t in texts for q in text_queries(t)]
+            results = self.query(queries, config=config)
+            cut = (config or DefaultPipelineConfig()).merge_top_k
+            out = []
+            for i in range(len(texts)):
+                a, b = results[2 * i], results[2 * i + 1]
+                out.append(
+                    DefaultPipelineResult(
+                        association=mix_by_priority(
+                            [a.association, b.association], [0, 0], top_k=cut
+                        ),
+                        action=mix_by_priority([a.action, b.action], [0, 0]),
+                        short_history=a.short_history,
+                        short_mem=a.short_mem,
+                        priority=0,
+                        seeds=mix_by_priority([a.seeds, b.seeds], [0, 0]),
+                    )
                 )
-            )
-        return out
+            return out
 
     def similar(
         self,

@@ -26,6 +26,7 @@ from soulmem_torch.functional.ppr import (
 )
 from soulmem_torch.functional.topk import stable_topk
 from soulmem_torch.model import MemoryId
+from soulmem_torch.retrieve._gcpause import gc_paused
 from soulmem_torch.retrieve.config import (
     AUTO_SEQUENTIAL_MAX_NODES,
     AssociationConfig,
@@ -308,10 +309,11 @@ def topk_lists(
     if as_float32:
         values = values.to(torch.float32)
     ids = graph.ids
-    out: list[list[tuple[MemoryId, float]]] = []
-    for vrow, irow, krow in zip(values.tolist(), index.tolist(), valid.tolist()):
-        out.append([(ids[i], v) for v, i, kk in zip(vrow, irow, krow) if kk])
-    return out
+    with gc_paused():  # B·k fresh tuples, none cyclic (see _gcpause)
+        return [
+            [(ids[i], v) for v, i, kk in zip(vrow, irow, krow) if kk]
+            for vrow, irow, krow in zip(values.tolist(), index.tolist(), valid.tolist())
+        ]
 
 
 def situation_mask(graph: Any) -> Tensor:

@@ -1,0 +1,71 @@
+"""``gc_paused``: the collector is off inside, restored after, shared by nested / concurrent
+calls, bounded in time, and never re-enabled when someone else had disabled it."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+
+from soulmem_torch.retrieve import _gcpause
+from soulmem_torch.retrieve._gcpause import gc_paused
+
+
+@pytest.fixture(autouse=True)
+def _collector_on():
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    (gc.enable if was else gc.disable)()
+
+
+def test_off_inside_on_after_even_on_error():
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+
+
+def test_nested_pauses_count_as_one():
+    with gc_paused():
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer call is still running
+    assert gc.isenabled()
+
+
+def test_leaves_a_disabled_collector_disabled():
+    gc.disable()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert not gc.isenabled()
+
+
+def test_overlapping_threads_share_the_pause():
+    inside, release = threading.Barrier(2), threading.Event()
+
+    def worker():
+        with gc_paused():
+            inside.wait()
+            release.wait()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    with gc_paused():
+        inside.wait()
+    assert not gc.isenabled()  # the worker's call still holds the pause
+    release.set()
+    t.join()
+    assert gc.isenabled()
+
+
+def test_overlapping_calls_cannot_hold_it_off_past_the_bound(monkeypatch):
+    monkeypatch.setattr(_gcpause, "MAX_PAUSE_S", 0.0)
+    with gc_paused():
+        with gc_paused():
+            pass
+        assert gc.isenabled()  # the inner call ended after the bound: collector back on
+    assert gc.isenabled()
