@@ -4,8 +4,9 @@ Every stage works on per-query candidate rows ``(B, M)`` (query ``b``'s agent's 
 to the largest agent of the batch, ``valid`` marking the real ones): short-term window →
 similarity (structured, string channel, or plain cosine) → seeds (relative cut for
 ``fusion="rank"``, threshold + top-k for ``"max"``) → association (PPR on the union operator)
-→ situation weights → BayesAction → the memory list (reciprocal-rank fusion of the similarity,
-whole-note text and graph channels, or the original's max merge). Each stage mirrors the
+→ situation weights → BayesAction → the memory list (reciprocal-rank fusion of the configured
+channels — seeds / similarity, whole-note text, graph, graph both ways (PPR on the union's
+undirected operator) — or the original's max merge). Each stage mirrors the
 retrieve layer (``retrieve/pipeline.py``, ``assoc_with_action.py``, ``_engine.py``,
 ``functional/fusion.py``) on one agent's graph; a new channel drops in as one more ``(B, M)``
 tensor masked by ``valid``. Config fields the bank does not know are refused
@@ -53,7 +54,7 @@ _KNOWN_FIELDS = {
         "channels", "rank_constant", "seed_ratio",
     },
 }  # fmt: skip
-_CHANNELS = {"similarity", "text", "graph"}
+_CHANNELS = {"seeds", "similarity", "text", "graph", "graph_undirected"}
 
 
 def supported_config(config: Any) -> None:
@@ -390,9 +391,19 @@ def run_pipeline(
 
     # stage 5: one memory list — reciprocal-rank fusion of the channels, or the max merge
     if config.fusion == "rank":
-        channels = {"similarity": sim_kept, "graph": ppr}
+        zero = torch.zeros_like(sim_kept)
+        channels = {
+            "similarity": sim_kept,
+            "seeds": torch.where(chosen, sim_kept, zero),
+            "graph": ppr,
+        }
         if "text" in config.channels:
             channels["text"] = _text_channel(union, positions, queries, memories, m)
+        if "graph_undirected" in config.channels:  # always the power iteration, as retrieve's
+            run = chosen.any(dim=1) & (seed_w.sum(dim=1) > 0)
+            channels["graph_undirected"] = segment_power_ppr(
+                union, assoc, agents, seed_w, chosen, run, undirected=True
+            )
         used = [channels[c] for c in config.channels]
         fused = rank_fusion(used, k=config.rank_constant, mask=valid)
         in_list = torch.zeros_like(valid)

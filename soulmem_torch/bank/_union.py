@@ -32,6 +32,7 @@ from soulmem_torch.functional.codes import (
     NODE_SPECIFIC,
 )
 from soulmem_torch.functional.edge_weights import dynamic_edge_weight
+from soulmem_torch.functional.fusion import undirected_edges
 from soulmem_torch.functional.ppr import build_transition, power_iteration_steps
 from soulmem_torch.functional.similarity import BlendWeights, normalize_rows
 
@@ -534,10 +535,30 @@ def _splice(union: UnionSnapshot, key: tuple[Any, ...], config: Any) -> UnionOpe
     return UnionOperator(transpose, out_degree)
 
 
-def union_transition(union: UnionSnapshot, config: Any) -> Any:
+def union_transition(union: UnionSnapshot, config: Any, *, undirected: bool = False) -> Any:
     """The union's row-normalized transition (block-diagonal), cached per preference/factors:
     spliced from the previous union's when only some agents changed (see :func:`_splice`),
-    else built in one vectorized pass over every link."""
+    else built in one vectorized pass over every link. ``undirected``: every link walkable both
+    ways (:func:`~soulmem_torch.functional.fusion.undirected_edges`, the fused default's
+    ``graph_undirected`` channel), built in one pass (not spliced)."""
+    if undirected:
+        key = ("transition_undirected", *_weight_key(config))
+        op = union.cache.get(key)
+        if op is None:
+            w = dynamic_edge_weight(
+                union.edge_index,
+                union.edge_kind,
+                union.intensity,
+                union.confidence,
+                union.node_type,
+                preference=config.preference.boosts,
+                intensity_factor=config.resolved_intensity_factor,
+                confidence_factor=config.resolved_confidence_factor,
+            )
+            edge_index, w = undirected_edges(union.edge_index, w)
+            full = build_transition(edge_index, w, num_nodes=union.num_nodes)
+            op = union.cache[key] = UnionOperator(full.transpose, full.out_degree)
+        return op
     key = ("transition", *_weight_key(config))
     op = union.cache.get(key)
     if op is None:
@@ -616,8 +637,11 @@ def segment_power_ppr(
     weights: Tensor,
     keys: Tensor,
     ok: Tensor,
+    *,
+    undirected: bool = False,
 ) -> Tensor:
-    """Power-iteration PPR of every query on its agent's block: ``(B, M)`` float64.
+    """Power-iteration PPR of every query on its agent's block: ``(B, M)`` float64
+    (``undirected``: on :func:`union_transition`'s both-ways operator).
 
     Same iterate, step count, dangling rule and normalization as
     :func:`soulmem_torch.functional.ppr.ppr_power_iteration` on the agent's own graph; rows
@@ -654,7 +678,7 @@ def segment_power_ppr(
     seg = torch.empty_like(inverse)
     seg[order] = inverse  # position of each query's agent in ``involved``
     ncols = int(counts.max())
-    op = union_transition(union, config)
+    op = union_transition(union, config, undirected=undirected)
     transpose, dangling, offsets, node_seg = _sub_operator(union, op, involved)
     s = int(node_seg.numel())
     # personalization (S, C): entry (offset[seg] + i, col) = weights[row, i]

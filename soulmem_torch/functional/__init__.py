@@ -22,6 +22,7 @@ from soulmem_torch.functional.fusion import (
     rank_fusion,
     reciprocal_rank,
     relative_seeds,
+    undirected_edges,
 )
 from soulmem_torch.functional.ppr import (
     MAX_POWER_STEPS,
@@ -51,6 +52,7 @@ __all__ = [
     "rank_fusion",
     "reciprocal_rank",
     "relative_seeds",
+    "undirected_edges",
     "BlendWeights",
     "cosine_scores",
     "embedding_scores",

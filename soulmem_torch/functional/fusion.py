@@ -3,10 +3,18 @@
 The default pipeline (``DefaultPipelineConfig(fusion="rank")``) ranks a memory's notes for a
 query by three channels, each a score row per query:
 
-* **similarity** — the structured score of SPEC §4 (it only sees notes of the query's kind);
+* **seeds** — the structured score of SPEC §4, of the query's seeds only (:func:`relative_seeds`:
+  the notes within a ratio of the best structured match); the structured channel votes for what
+  the query asked for, not for the near misses of the same kind;
 * **text** — BM25 over the whole note's text (every kind; :func:`bm25_note_weights` +
   :func:`bm25_scores`);
-* **graph** — Personalized PageRank from the seeds (:func:`relative_seeds`).
+* **graph** — Personalized PageRank from the seeds along the links as the original follows them
+  (source → target);
+* **graph_undirected** — the same PageRank with every link walkable both ways
+  (:func:`undirected_edges`): notes that link *to* a seed count too.
+
+(``similarity`` — every structured score, not only the seeds' — is a channel as well: the
+"similarity only" row of an ablation, or the first fused default.)
 
 and fuses them by reciprocal rank (:func:`reciprocal_rank`, :func:`rank_fusion`): a note's score
 is ``Σ_c 1 / (k + rank_c)``. Ranks are scale-free, so channels with unlike score scales (cosines,
@@ -49,6 +57,7 @@ __all__ = [
     "rank_fusion",
     "reciprocal_rank",
     "relative_seeds",
+    "undirected_edges",
 ]
 
 BM25_K1 = 1.2
@@ -284,3 +293,29 @@ def bm25_scores(
         accumulate=True,
     )
     return out
+
+
+def undirected_edges(edge_index: Tensor, edge_weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Every edge and its reverse with the same weight: ``(2, 2E)`` and ``(2E,)``.
+
+    Building a transition operator from the result
+    (:func:`~soulmem_torch.functional.transition.build_transition`) gives the walk that follows
+    links either way: each note's neighbours are its targets and its sources, weighted as the
+    links are. An edge and its own reverse become parallel edges (summed); a self loop counts
+    twice. On a disjoint union of graphs the result is the union of each graph's.
+
+    Args:
+        edge_index: shape (2, E), integer.
+        edge_weight: shape (E,), float.
+    """
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValidationError(f"edge_index: expected shape (2, E), found {tuple(edge_index.shape)}")
+    if edge_weight.shape != (edge_index.shape[1],):
+        raise ValidationError(
+            f"edge_weight: expected shape ({edge_index.shape[1]},), "
+            f"found {tuple(edge_weight.shape)}"
+        )
+    return (
+        torch.cat([edge_index, edge_index.flip(0)], dim=1),
+        torch.cat([edge_weight, edge_weight]),
+    )

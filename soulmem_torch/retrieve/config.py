@@ -219,8 +219,10 @@ class AssociateWithActionConfig(BaseModel):
         return AssociateWithActionRequest(working_memory, list(source), self, device)
 
 
-FusionChannel = Literal["similarity", "text", "graph"]
-"""A channel of the rank fusion (see :mod:`soulmem_torch.functional.fusion`)."""
+FusionChannel = Literal["seeds", "similarity", "text", "graph", "graph_undirected"]
+"""A channel of the rank fusion (see :mod:`soulmem_torch.functional.fusion`): ``seeds`` the
+structured scores of the PPR seeds, ``similarity`` every structured score, ``text`` whole-note
+BM25, ``graph`` PPR along the links, ``graph_undirected`` PPR along the links either way."""
 
 
 class DefaultPipelineConfig(BaseModel):
@@ -247,9 +249,10 @@ class DefaultPipelineConfig(BaseModel):
         default="rank", description="How the stages' scores become one list (see the class)."
     )
     channels: tuple[FusionChannel, ...] = Field(
-        default=("similarity", "text", "graph"),
+        default=("seeds", "text", "graph", "graph_undirected"),
         min_length=1,
-        description="Channels the rank fusion reads (switch one off to see what it adds).",
+        description="Channels the rank fusion reads (switch one off to see what it adds; "
+        "('similarity', 'text', 'graph') is the first fused default).",
     )
     rank_constant: float = Field(
         default=5.0,
@@ -262,8 +265,8 @@ class DefaultPipelineConfig(BaseModel):
         default=0.9,
         ge=0.0,
         le=1.0,
-        description="PPR seeds: notes whose structured score is at least this fraction of the "
-        "query's best (at most similarity.max_results of them).",
+        description="Seeds (of PPR and of the 'seeds' channel): notes whose structured score is "
+        "at least this fraction of the query's best (at most similarity.max_results of them).",
     )
 
     @classmethod

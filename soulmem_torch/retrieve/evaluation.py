@@ -312,22 +312,31 @@ def ablation_configs(
     base: DefaultPipelineConfig | None = None,
 ) -> list[tuple[str, DefaultPipelineConfig]]:
     """The rows of an ablation: the original pipeline, similarity only, the original merge of
-    similarity and association, the rank-fused default and the default without each channel.
+    similarity and association, the first rank-fused default (similarity + text + graph), the
+    rank-fused default and the default without each of its channels.
 
-    ``base`` (default: ``DefaultPipelineConfig()``) supplies everything but the fusion and its
-    channels.
+    ``base`` (default: ``DefaultPipelineConfig()``) supplies everything but the fusion; its
+    ``channels`` are the default row's.
     """
     base = base or DefaultPipelineConfig()
     rank = base.model_copy(update={"fusion": "rank"})
+    channels = tuple(rank.channels)
     rows: list[tuple[str, DefaultPipelineConfig]] = [
         ("original pipeline (.original())", DefaultPipelineConfig.original()),
         ("similarity only", rank.model_copy(update={"channels": ("similarity",)})),
         ("+ association, original merge", base.model_copy(update={"fusion": "max"})),
-        ("default: similarity + text + graph", rank),
+        (
+            "rank fusion: similarity + text + graph",
+            rank.model_copy(update={"channels": ("similarity", "text", "graph")}),
+        ),
+        (f"default: {' + '.join(channels)}", rank),
     ]
-    for channel in ("similarity", "text", "graph"):
-        kept = tuple(c for c in ("similarity", "text", "graph") if c != channel)
-        rows.append((f"  default without {channel}", rank.model_copy(update={"channels": kept})))
+    if len(channels) > 1:
+        for channel in channels:
+            kept = tuple(c for c in channels if c != channel)
+            rows.append(
+                (f"  default without {channel}", rank.model_copy(update={"channels": kept}))
+            )
     return rows
 
 

@@ -7,14 +7,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
-from soulmem_torch.functional.fusion import rank_fusion, relative_seeds
+from soulmem_torch.functional.fusion import rank_fusion, relative_seeds, undirected_edges
+from soulmem_torch.functional.ppr import TransitionOperator, build_transition, ppr_power_iteration
 from soulmem_torch.functional.similarity import BlendWeights
 from soulmem_torch.model import MemoryId
-from soulmem_torch.retrieve._engine import topk_lists, topk_mask
+from soulmem_torch.retrieve._engine import _weight_key, edge_weights, topk_lists, topk_mask
 from soulmem_torch.retrieve._request import graph_of, run_grouped
 from soulmem_torch.retrieve.assoc_with_action import associate_with_action
-from soulmem_torch.retrieve.config import DefaultPipelineConfig
+from soulmem_torch.retrieve.config import AssociationConfig, DefaultPipelineConfig
 from soulmem_torch.retrieve.short_only import RetrShortOnly
 from soulmem_torch.retrieve.similarity import (
     effective_weights,
@@ -23,11 +25,69 @@ from soulmem_torch.retrieve.similarity import (
 )
 from soulmem_torch.retrieve.text import text_scores
 
-__all__ = ["DefaultPipelineRequest", "DefaultPipelineResult", "RetrDefaultPipeline"]
+__all__ = [
+    "DefaultPipelineRequest",
+    "DefaultPipelineResult",
+    "RetrDefaultPipeline",
+    "undirected_association",
+    "undirected_transition",
+]
 
 if TYPE_CHECKING:
     from soulmem_torch.graph import MemoryGraph
     from soulmem_torch.retrieve._types import MemorySource
+
+
+def undirected_transition(graph: MemoryGraph, config: AssociationConfig) -> TransitionOperator:
+    """The transition that follows every link both ways (:func:`~soulmem_torch.functional.fusion.
+    undirected_edges`, the links' dynamic weights of SPEC §5), built once per snapshot and
+    preference / factors and cached on the snapshot."""
+    key = ("transition_undirected", *_weight_key(config))
+    cached = graph.cache.get(key)
+    if cached is None:
+        edge_index, weight = undirected_edges(graph.edge_index, edge_weights(graph, config))
+        cached = build_transition(edge_index, weight, num_nodes=int(graph.num_nodes))
+        graph.cache[key] = cached
+    return cached
+
+
+def undirected_association(
+    graph: MemoryGraph, weights: Tensor, keys: Tensor, config: AssociationConfig
+) -> Tensor:
+    """PPR of every column on :func:`undirected_transition`: the ``graph_undirected`` channel.
+
+    Always the batched power iteration (``config``'s damping, ``power_tol``, ``power_dtype``,
+    ``power_local``; its ``method`` is for the original's directed association). Columns with
+    no key or a zero weight sum stay zero.
+
+    Args:
+        weights: (N, B) float64 personalization (the seeds' structured scores).
+        keys: (N, B) bool, the seeds.
+
+    Returns:
+        (N, B) float64.
+    """
+    n, b = weights.shape
+    out = torch.zeros(n, b, dtype=torch.float64, device=weights.device)
+    ok = keys.any(dim=0) & (weights.sum(dim=0) > 0)
+    if n == 0 or not bool(ok.any()):
+        return out
+    every = bool(ok.all())
+    cols = ok.nonzero().reshape(-1)
+    p, k = (weights, keys) if every else (weights[:, cols], keys[:, cols])
+    res = ppr_power_iteration(
+        undirected_transition(graph, config),
+        p,
+        key_mask=k,
+        damping=config.damping_factor,
+        tol=config.power_tol,
+        dtype=torch.float32 if config.power_dtype == "float32" else torch.float64,
+        local=config.power_local,
+    ).to(torch.float64)
+    if every:
+        return res
+    out[:, cols] = res
+    return out
 
 
 @dataclass
@@ -71,9 +131,11 @@ class RetrDefaultPipeline:
 
     * ``"rank"`` (default): seeds are the notes scoring at least ``seed_ratio`` × the query's
       best structured score (≥ ``similarity_threshold``, at most ``max_results``); the memory
-      list is the reciprocal-rank fusion (``rank_constant``) of the structured similarity, the
-      whole-note BM25 text channel (:mod:`soulmem_torch.retrieve.text`) and the PPR scores of
-      every note (:mod:`soulmem_torch.functional.fusion`); notes no channel scored are left out.
+      list is the reciprocal-rank fusion (``rank_constant``) of ``config.channels``
+      (:mod:`soulmem_torch.functional.fusion`) — by default the seeds' structured scores, the
+      whole-note BM25 text channel (:mod:`soulmem_torch.retrieve.text`), the PPR scores of
+      every note and the PPR on the links taken both ways (:func:`undirected_association`);
+      notes no channel scored are left out.
     * ``"max"`` (the original): the top ``max_results`` similarity seeds and the PPR top-k merged
       as float64, max per id, sorted descending.
 
@@ -143,12 +205,18 @@ class RetrDefaultPipeline:
             graph, weights, chosen, config.assoc_with_action, memory_lists=False
         )
         if config.fusion == "rank":
+            sim_kept = torch.where(keep, sim, torch.zeros_like(sim))
             channels = {
-                "similarity": torch.where(keep, sim, torch.zeros_like(sim)),
+                "similarity": sim_kept,
+                "seeds": torch.where(chosen.T, sim_kept, torch.zeros_like(sim_kept)),
                 "graph": ppr.T,
             }
             if "text" in config.channels:
                 channels["text"] = text_scores(graph, first.working_memory, queries)
+            if "graph_undirected" in config.channels:
+                channels["graph_undirected"] = undirected_association(
+                    graph, weights, chosen, config.assoc_with_action.association
+                ).T
             used = [channels[c] for c in config.channels]
             fused = rank_fusion(used, k=config.rank_constant)
             present = torch.zeros_like(fused, dtype=torch.bool)

@@ -14,10 +14,10 @@ def test_eval_ablation_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval", str(sample_queries_path()), "--ablation", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     labels = [row["configuration"] for row in out["rows"]]
-    assert labels[0].startswith("original pipeline") and labels[3].startswith("default")
-    assert len(labels) == 7 and sum("without" in label for label in labels) == 3
+    assert labels[0].startswith("original pipeline") and labels[4].startswith("default")
+    assert len(labels) == 9 and sum("without" in label for label in labels) == 4
     by = {row["configuration"]: row["summary"] for row in out["rows"]}
-    default = by["default: similarity + text + graph"]
+    default = by["default: seeds + text + graph + graph_undirected"]
     assert default["c_recall@5"] > by["original pipeline (.original())"]["c_recall@5"]
     assert default["pass_rate"] == 1.0
 
