@@ -29,9 +29,9 @@ from soulmem_torch.retrieve import (
     RetrDefaultPipeline,
     RetrSimilarity,
     SimilarityConfig,
-    mix_by_priority,
 )
 from soulmem_torch.retrieve._gcpause import gc_paused
+from soulmem_torch.retrieve.priority import mix_by_priority_batch
 
 __all__ = ["EventLoopRunningError", "SoulMem", "note_label", "text_queries"]
 
@@ -291,22 +291,23 @@ class SoulMem:
             queries = [q for t in texts for q in text_queries(t)]
             results = self.query(queries, config=config)
             cut = (config or DefaultPipelineConfig()).merge_top_k
-            out = []
-            for i in range(len(texts)):
-                a, b = results[2 * i], results[2 * i + 1]
-                out.append(
-                    DefaultPipelineResult(
-                        association=mix_by_priority(
-                            [a.association, b.association], [0, 0], top_k=cut
-                        ),
-                        action=mix_by_priority([a.action, b.action], [0, 0]),
-                        short_history=a.short_history,
-                        short_mem=a.short_mem,
-                        priority=0,
-                        seeds=mix_by_priority([a.seeds, b.seeds], [0, 0]),
-                    )
+            pairs = list(zip(results[0::2], results[1::2]))  # (concept, episode) per question
+            association = mix_by_priority_batch(
+                [[a.association, b.association] for a, b in pairs], [0, 0], top_k=cut
+            )
+            action = mix_by_priority_batch([[a.action, b.action] for a, b in pairs], [0, 0])
+            seeds = mix_by_priority_batch([[a.seeds, b.seeds] for a, b in pairs], [0, 0])
+            return [
+                DefaultPipelineResult(
+                    association=association[i],
+                    action=action[i],
+                    short_history=a.short_history,
+                    short_mem=a.short_mem,
+                    priority=0,
+                    seeds=seeds[i],
                 )
-            return out
+                for i, (a, _) in enumerate(pairs)
+            ]
 
     def similar(
         self,
