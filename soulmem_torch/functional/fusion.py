@@ -1,7 +1,7 @@
 """Rank fusion of retrieval channels, relative seed selection and BM25 text scores (pure torch).
 
 The default pipeline (``DefaultPipelineConfig(fusion="rank")``) ranks a memory's notes for a
-query by three channels, each a score row per query:
+query by channels, each a score row per query (the default: the four below):
 
 * **seeds** — the structured score of SPEC §4, of the query's seeds only (:func:`relative_seeds`:
   the notes within a ratio of the best structured match); the structured channel votes for what
@@ -14,9 +14,8 @@ query by three channels, each a score row per query:
   (:func:`undirected_edges`): notes that link *to* a seed count too.
 
 (``similarity`` — every structured score, not only the seeds' — is a channel as well: the
-"similarity only" row of an ablation, or the first fused default.)
-
-and fuses them by reciprocal rank (:func:`reciprocal_rank`, :func:`rank_fusion`): a note's score
+"similarity only" row of an ablation, or the first fused default.) The pipeline fuses them by
+reciprocal rank (:func:`reciprocal_rank`, :func:`rank_fusion`): a note's score
 is ``Σ_c 1 / (k + rank_c)``. Ranks are scale-free, so channels with unlike score scales (cosines,
 BM25 sums, PPR mass) mix without fitted weights; a channel that has nothing to say about a note
 (score 0) puts every such note in one tie block at the block's mean rank.
