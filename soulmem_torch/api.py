@@ -292,19 +292,21 @@ class SoulMem:
             results = self.query(queries, config=config)
             cut = (config or DefaultPipelineConfig()).merge_top_k
             pairs = list(zip(results[0::2], results[1::2]))  # (concept, episode) per question
-            association = mix_by_priority_batch(
-                [[a.association, b.association] for a, b in pairs], [0, 0], top_k=cut
+            q = len(pairs)
+            mixed = mix_by_priority_batch(  # the three mixes of every question in one batch
+                [[a.association, b.association] for a, b in pairs]
+                + [[a.action, b.action] for a, b in pairs]
+                + [[a.seeds, b.seeds] for a, b in pairs],
+                [0, 0],
             )
-            action = mix_by_priority_batch([[a.action, b.action] for a, b in pairs], [0, 0])
-            seeds = mix_by_priority_batch([[a.seeds, b.seeds] for a, b in pairs], [0, 0])
             return [
                 DefaultPipelineResult(
-                    association=association[i],
-                    action=action[i],
+                    association=mixed[i][:cut],
+                    action=mixed[q + i],
                     short_history=a.short_history,
                     short_mem=a.short_mem,
                     priority=0,
-                    seeds=seeds[i],
+                    seeds=mixed[2 * q + i],
                 )
                 for i, (a, _) in enumerate(pairs)
             ]

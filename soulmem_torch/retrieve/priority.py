@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Hashable, Iterable, Sequence
 from typing import TypeVar
 
@@ -71,44 +72,39 @@ def mix_by_priority_batch(
     _check_priorities(priorities)
     max_p = max(priorities, default=0)
     extras = [bonus * p / max_p if max_p > 0 else 0.0 for p in priorities]
-    by_object: dict[int, int] = {}  # id(key) -> code (the keys stay alive in ``groups``)
+    lists = [items if isinstance(items, list) else list(items) for g in groups for items in g]
+    if not any(lists):
+        return [[] for _ in groups]
+    list_sizes = torch.frombuffer(array("q", map(len, lists)), dtype=torch.int64)
+    flat = [pair for items in lists for pair in items]
+    ks, ss = zip(*flat)
+    objects = list(map(id, ks))  # the keys stay alive in ``groups`` while their ids are used
+    by_object: dict[int, int] = {}  # id(key) -> code
     by_value: dict[K, int] = {}  # key -> code, for equal keys that are distinct objects
     keys: list[K] = []
-    codes: list[int] = []
-    values: list[float] = []
-    sizes: list[int] = []
-    for lists in groups:
-        size = 0
-        for items, extra in zip(lists, extras):
-            pairs = list(items)
-            if not pairs:
-                continue
-            ks, ss = zip(*pairs)
-            for k in ks:
-                c = by_object.get(id(k))
-                if c is None:
-                    c = by_object[id(k)] = by_value.setdefault(k, len(keys))
-                    if c == len(keys):
-                        keys.append(k)
-                codes.append(c)
-            values.extend(float(x) + extra for x in ss)
-            size += len(pairs)
-        sizes.append(size)
-    if not values:
-        return [[] for _ in groups]
-    vals = torch.tensor(values, dtype=torch.float64)
+    for obj, k in dict(zip(objects, ks)).items():  # one entry per distinct key object
+        by_object[obj] = code = by_value.setdefault(k, len(keys))
+        if code == len(keys):
+            keys.append(k)
+    codes = torch.frombuffer(array("q", map(by_object.__getitem__, objects)), dtype=torch.int64)
+    vals = torch.frombuffer(array("d", map(float, ss)), dtype=torch.float64)
+    if any(extras):  # float64 adds, as ``float(score) + extra``
+        vals += torch.tensor(extras * len(groups), dtype=torch.float64).repeat_interleave(
+            list_sizes
+        )
     if bool(torch.isnan(vals).any()):  # NaN compares like nothing else: the per-group rules
-        return [mix_by_priority(lists, priorities, bonus=bonus, top_k=top_k) for lists in groups]
-    num_groups, num_keys = len(sizes), len(keys)
-    group = torch.repeat_interleave(torch.arange(num_groups), torch.tensor(sizes))
-    pair = group * num_keys + torch.tensor(codes, dtype=torch.int64)  # (group, key)
+        return [mix_by_priority(g, priorities, bonus=bonus, top_k=top_k) for g in groups]
+    sizes = list_sizes.view(len(groups), len(priorities)).sum(dim=1)
+    num_groups, num_keys = len(groups), len(keys)
+    group = torch.repeat_interleave(torch.arange(num_groups), sizes)
+    pair = group * num_keys + codes  # (group, key)
     uniq, inverse = torch.unique(pair, return_inverse=True)
     m = int(uniq.shape[0])
     best = torch.zeros(m, dtype=torch.float64).scatter_reduce_(
         0, inverse, vals, "amax", include_self=False
     )
     first = torch.zeros(m, dtype=torch.int64).scatter_reduce_(
-        0, inverse, torch.arange(len(values)), "amin", include_self=False
+        0, inverse, torch.arange(len(flat)), "amin", include_self=False
     )
     # group ascending, then score descending, then first seen (successive stable sorts)
     order = torch.argsort(first, stable=True)
