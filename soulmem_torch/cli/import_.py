@@ -91,7 +91,7 @@ def add_parser(sub: Any) -> None:
         parents=[common, embedder_parent()],
         help="embed a notes file (serde JSON / JSON Lines, or an evaluation graph) into a store",
         description="Reads Rust serde notes (JSON Lines, one note per line, or a JSON array) or "
-        "an evaluation graph (SPEC §9: readable string ids, no times), embeds them (--embedder; "
+        "an evaluation graph (docs/spec.md §9: readable string ids, no times), embeds them (--embedder; "
         "default: the store's own, else the offline hashing embedder) and saves them atomically "
         "into STORE (default: $SOULMEM_STORE, else ./soulmem_store). Graph imports keep their "
         "readable ids. An existing store is extended (notes already in it are skipped) unless "
