@@ -16,9 +16,10 @@ query by channels, each a score row per query (the default: the four below):
 (``similarity`` — every structured score, not only the seeds' — is a channel as well: the
 "similarity only" row of an ablation, or the first fused default.) The pipeline fuses them by
 reciprocal rank (:func:`reciprocal_rank`, :func:`rank_fusion`): a note's score
-is ``Σ_c 1 / (k + rank_c)``. Ranks are scale-free, so channels with unlike score scales (cosines,
-BM25 sums, PPR mass) mix without fitted weights; a channel that has nothing to say about a note
-(score 0) puts every such note in one tie block at the block's mean rank.
+is ``Σ_c 1 / (k + rank_c)`` over the channels that scored it. Ranks are scale-free, so channels
+with unlike score scales (cosines, BM25 sums, PPR mass) mix without fitted weights; a channel
+that has nothing to say about a note (score 0) gives it nothing, as in the usual reciprocal-rank
+fusion (``unscored="tie"`` instead ranks all such notes as one tie at the block's mean rank).
 
 Interface (every function follows its inputs' device; nothing here loops over queries or notes):
 
@@ -75,24 +76,30 @@ def _mask_of(scores: Tensor, mask: Tensor | None) -> Tensor:
     return mask.to(torch.bool)
 
 
-def reciprocal_rank(scores: Tensor, *, k: float, mask: Tensor | None = None) -> Tensor:
+def reciprocal_rank(
+    scores: Tensor, *, k: float, mask: Tensor | None = None, unscored: str = "zero"
+) -> Tensor:
     """``1 / (k + rank)`` per entry of each row; rank 1 = the row's highest positive score.
 
     Positive scores are ranked in descending order (equal scores: lower column first — the
     order every list of this library keeps). Entries ``<= 0`` or non-finite carry no evidence:
-    they form one tie block ranked after the positives, each at the block's mean rank
+    with ``unscored="zero"`` (default, the usual reciprocal-rank fusion) they give 0; with
+    ``"tie"`` they form one tie block ranked after the positives, each at the block's mean rank
     ``n_pos + (n_rest + 1) / 2`` (fractional ranking). Masked entries give 0 and are not counted.
 
     Args:
         scores: shape (B, N), float.
         k: > 0. Rank smoothing: larger k flattens the differences between ranks.
         mask: shape (B, N) bool or None (all real).
+        unscored: ``"zero"`` or ``"tie"``, what an entry without evidence gets.
 
     Returns:
         (B, N) float64 in ``[0, 1 / (k + 1)]``.
     """
     if not k > 0:
         raise ValidationError(f"k: expected a number > 0, found {k!r}")
+    if unscored not in ("zero", "tie"):
+        raise ValidationError(f"unscored: expected 'zero' or 'tie', found {unscored!r}")
     real = _mask_of(scores, mask)
     s = scores.to(torch.float64)
     positive = real & torch.isfinite(s) & (s > 0)
@@ -101,15 +108,22 @@ def reciprocal_rank(scores: Tensor, *, k: float, mask: Tensor | None = None) -> 
     rank = torch.empty_like(order)
     arange = torch.arange(1, s.shape[1] + 1, device=s.device).expand_as(order)
     rank.scatter_(1, order, arange.contiguous())
-    n_pos = positive.sum(dim=1, keepdim=True).to(torch.float64)
-    n_rest = real.sum(dim=1, keepdim=True).to(torch.float64) - n_pos
-    block = n_pos + (n_rest + 1.0) / 2.0
-    rr = torch.where(positive, 1.0 / (k + rank.to(torch.float64)), 1.0 / (k + block))
+    if unscored == "zero":
+        rest = torch.zeros((), dtype=torch.float64, device=s.device)
+    else:
+        n_pos = positive.sum(dim=1, keepdim=True).to(torch.float64)
+        n_rest = real.sum(dim=1, keepdim=True).to(torch.float64) - n_pos
+        rest = 1.0 / (k + n_pos + (n_rest + 1.0) / 2.0)
+    rr = torch.where(positive, 1.0 / (k + rank.to(torch.float64)), rest)
     return torch.where(real, rr, torch.zeros_like(rr))
 
 
 def rank_fusion(
-    channels: list[Tensor] | tuple[Tensor, ...], *, k: float, mask: Tensor | None = None
+    channels: list[Tensor] | tuple[Tensor, ...],
+    *,
+    k: float,
+    mask: Tensor | None = None,
+    unscored: str = "zero",
 ) -> Tensor:
     """Reciprocal-rank fusion: ``Σ_c reciprocal_rank(channels[c])``, shape (B, N) float64.
 
@@ -117,6 +131,7 @@ def rank_fusion(
         channels: each (B, N) float, the same shape. An empty sequence is an error.
         k: > 0. See :func:`reciprocal_rank`.
         mask: (B, N) bool or None.
+        unscored: ``"zero"`` (default) or ``"tie"``. See :func:`reciprocal_rank`.
     """
     if not channels:
         raise ValidationError("channels: expected at least one (B, N) score tensor, found none")
@@ -126,9 +141,9 @@ def rank_fusion(
             raise ValidationError(
                 f"channels[{i}]: expected shape {tuple(shape)} (2-D), found {tuple(c.shape)}"
             )
-    total = reciprocal_rank(channels[0], k=k, mask=mask)
+    total = reciprocal_rank(channels[0], k=k, mask=mask, unscored=unscored)
     for c in channels[1:]:
-        total = total + reciprocal_rank(c, k=k, mask=mask)
+        total = total + reciprocal_rank(c, k=k, mask=mask, unscored=unscored)
     return total
 
 

@@ -42,20 +42,26 @@ from tests.retrieve.helpers import small_world
 # ---- reciprocal rank ------------------------------------------------------------------------
 def test_reciprocal_rank_by_hand(device: torch.device) -> None:
     s = torch.tensor([[0.9, 0.0, 0.5, 0.0]], device=device)
-    got = reciprocal_rank(s, k=1.0)
-    # positives rank 1 and 2; the two zeros tie at mean rank 2 + (2 + 1) / 2 = 3.5
+    got = reciprocal_rank(s, k=1.0)  # positives rank 1 and 2; unscored entries get nothing
+    want = torch.tensor([[1 / 2, 0.0, 1 / 3, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(got.cpu(), want)
+    got = reciprocal_rank(s, k=1.0, unscored="tie")
+    # the two zeros tie at mean rank 2 + (2 + 1) / 2 = 3.5
     want = torch.tensor([[1 / 2, 1 / 4.5, 1 / 3, 1 / 4.5]], dtype=torch.float64)
     torch.testing.assert_close(got.cpu(), want)
     mask = torch.tensor([[True, True, True, False]], device=device)
-    got = reciprocal_rank(s, k=1.0, mask=mask)  # one zero left: rank 3
+    got = reciprocal_rank(s, k=1.0, mask=mask, unscored="tie")  # one zero left: rank 3
     torch.testing.assert_close(got.cpu(), torch.tensor([[1 / 2, 1 / 4, 1 / 3, 0.0]]).double())
+    with pytest.raises(ValidationError, match="unscored"):
+        reciprocal_rank(s, k=1.0, unscored="mean")
 
 
 def test_reciprocal_rank_ties_nan_and_errors(device: torch.device) -> None:
     s = torch.tensor([[0.5, 0.5, float("nan"), -1.0]], device=device)
-    got = reciprocal_rank(s, k=2.0).cpu()
+    got = reciprocal_rank(s, k=2.0, unscored="tie").cpu()
     # equal scores: lower column first; NaN and negatives carry no evidence (mean rank 3.5)
     assert got[0].tolist() == pytest.approx([1 / 3, 1 / 4, 1 / 5.5, 1 / 5.5])
+    assert reciprocal_rank(s, k=2.0).cpu()[0].tolist() == pytest.approx([1 / 3, 1 / 4, 0, 0])
     with pytest.raises(ValidationError, match="k: expected"):
         reciprocal_rank(s, k=0.0)
     with pytest.raises(ValidationError, match="mask"):
@@ -67,9 +73,10 @@ def test_rank_fusion_sums_channels(device: torch.device) -> None:
     a = torch.tensor([[3.0, 2.0, 1.0]], device=device)
     b = torch.tensor([[0.0, 1.0, 2.0]], device=device)
     got = rank_fusion([a, b], k=1.0).cpu()
-    # a ranks 1,2,3; b ranks col2=1, col1=2, col0 alone in the zero block at rank 3
-    want = [1 / 2 + 1 / 4, 1 / 3 + 1 / 3, 1 / 4 + 1 / 2]
-    assert got[0].tolist() == pytest.approx(want)
+    # a ranks 1,2,3; b ranks col2=1, col1=2 and has nothing to say about col0
+    assert got[0].tolist() == pytest.approx([1 / 2, 1 / 3 + 1 / 3, 1 / 4 + 1 / 2])
+    got = rank_fusion([a, b], k=1.0, unscored="tie").cpu()  # col0 alone in b's zero block
+    assert got[0].tolist() == pytest.approx([1 / 2 + 1 / 4, 1 / 3 + 1 / 3, 1 / 4 + 1 / 2])
     with pytest.raises(ValidationError, match="at least one"):
         rank_fusion([], k=1.0)
     with pytest.raises(ValidationError, match=r"channels\[1\]"):
@@ -269,13 +276,10 @@ def test_fused_pipeline_is_the_sum_of_its_channels_ranks(device: torch.device) -
         both_ways,
     ]
 
-    def rr(x: torch.Tensor) -> list[float]:
+    def rr(x: torch.Tensor) -> list[float]:  # a channel votes for the notes it scored
         pos = [i for i in range(len(x)) if x[i] > 0]
         order = sorted(pos, key=lambda i: (-float(x[i]), i))
-        block = len(pos) + (len(x) - len(pos) + 1) / 2
-        return [
-            1 / (5 + order.index(i) + 1) if i in pos else 1 / (5 + block) for i in range(len(x))
-        ]
+        return [1 / (5 + order.index(i) + 1) if i in pos else 0.0 for i in range(len(x))]
 
     fused = [sum(v) for v in zip(*(rr(c) for c in channels))]
     present = [i for i in range(len(ids)) if any(float(c[i]) > 0 for c in channels)]
