@@ -284,7 +284,7 @@ class _Pair:
             q = self.qn.slice(_Q[q_name])
             if q is None:  # no unit has the field: the cosines of zero rows
                 b, u = self.qn.shape
-                return torch.zeros(b, u, self.fn.shape[0], device=self.fn.device)
+                return self.fn.new_zeros(b, u, self.fn.shape[0])
         else:
             q = self.qn[:, :, _Q[q_name]]
         return torch.matmul(q, self.fn[:, _F[f_name]].T)
