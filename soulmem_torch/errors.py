@@ -42,7 +42,7 @@ class NotFoundError(SoulMemError, KeyError):
 
 
 class GraphLoadError(ValidationError):
-    """An evaluation graph (SPEC §9) could not be loaded; ``problems`` lists every bad node."""
+    """An evaluation graph (docs/spec.md §9) could not be loaded; ``problems`` lists every bad node."""
 
     def __init__(self, message: str, problems: list[tuple[str, str]] | None = None) -> None:
         super().__init__(message)

@@ -1,6 +1,6 @@
 """``MemoryGraph``: the tensor snapshot of a memory cluster, as a ``torch_geometric.data.Data``.
 
-The snapshot is what every kernel reads (SPEC §5–6): edges in CSR order by source, their link
+The snapshot is what every kernel reads (docs/spec.md §5–6): edges in CSR order by source, their link
 kind, intensity, confidence and probability, node types with masks, and the field embeddings
 with presence masks. Build it from a cluster (:meth:`MemoryGraph.from_cluster`, or
 :meth:`MemoryGraph.of` / ``working_memory.graph()``, which cache it per cluster version and

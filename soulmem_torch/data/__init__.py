@@ -1,4 +1,4 @@
-"""The bundled sample memory: a small original world to try soulmem_torch on (SPEC §9 formats).
+"""The bundled sample memory: a small original world to try soulmem_torch on (docs/spec.md §9 formats).
 
 ``sample_memory.graph.json`` is an evaluation graph (the original's ``soul_tune`` format: readable
 ids ``sem_*`` / ``sit_*`` / ``sit_abstract_*`` / ``proc_*``, no UUIDs, no times) about

@@ -1,4 +1,4 @@
-"""Embeddings (SPEC §3): the ``Embedder`` protocol, the offline ``HashingEmbedder``, the field
+"""Embeddings (docs/spec.md §3): the ``Embedder`` protocol, the offline ``HashingEmbedder``, the field
 layout, and note / query embedding in batched calls.
 
 Typical use::

@@ -1,4 +1,4 @@
-"""The ``Embedder`` protocol, output validation, batching and long-text chunking (SPEC §3).
+"""The ``Embedder`` protocol, output validation, batching and long-text chunking (docs/spec.md §3).
 
 An embedder is any callable mapping a batch of strings to a float tensor ``(n, D)`` and exposing
 its width as ``dim``. It may also provide ``embed_query(texts)`` for the query side (retrieval
@@ -54,7 +54,7 @@ def embedder_dim(embedder: Any, *, probe: bool = True) -> int | None:
     """The embedder's output width ``D``.
 
     Read from ``embedder.dim`` (an int, or a method returning one). A plain function without
-    ``dim`` is accepted too (SPEC §3 injects "any callable"): with ``probe`` its width is read
+    ``dim`` is accepted too (docs/spec.md §3 injects "any callable"): with ``probe`` its width is read
     from embedding ``[""]``; without, ``None`` is returned.
 
     Raises:

@@ -1,4 +1,4 @@
-"""Field layout of note and query embeddings (SPEC §3), shared by the embedder, graph and kernels.
+"""Field layout of note and query embeddings (docs/spec.md §3), shared by the embedder, graph and kernels.
 
 Every note kind stores a tag vector plus a fixed set of named field vectors. ``FIELD_NAMES`` is
 the column order of ``MemoryGraph.field_emb`` ``(N, F, D)`` / ``field_mask`` ``(N, F)``.

@@ -1,4 +1,4 @@
-"""Exact identifiers of notes and queries for the string channel (SPEC §4).
+"""Exact identifiers of notes and queries for the string channel (docs/spec.md §4).
 
 :func:`build_identifier_index` walks the notes once (only Semantic notes and AbstractSituation
 leaves have identifiers); :func:`query_identifiers` does the same for a query;

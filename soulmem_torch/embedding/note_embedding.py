@@ -1,4 +1,4 @@
-"""Note embedding (SPEC §3): every note → ``MemoryEmbedding { tag, fields }``, in batched calls.
+"""Note embedding (docs/spec.md §3): every note → ``MemoryEmbedding { tag, fields }``, in batched calls.
 
 ``embed_notes`` walks all notes once, collecting every string they hold; the distinct strings
 are embedded in a few batched embedder calls and every field is assembled with one

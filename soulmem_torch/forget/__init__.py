@@ -1,4 +1,4 @@
-"""Forgetting (SPEC §8): Ebbinghaus decay, deterministic masking, LLM reconstruction.
+"""Forgetting (docs/spec.md §8): Ebbinghaus decay, deterministic masking, LLM reconstruction.
 
 * :mod:`.decay` — retention / missing degree / decayed link intensity, scalar and as tensors;
 * :mod:`.mask` — ``mask_text`` (jieba tokens, SplitMix64 + Fisher–Yates, platform-independent);

@@ -1,4 +1,4 @@
-"""Semantic field alignment (SPEC §8 ``align_sem_fields``).
+"""Semantic field alignment (docs/spec.md §8 ``align_sem_fields``).
 
 After a Semantic note's ``content`` changed (e.g. revised by :func:`~.lazy.lazy_forget`), the
 LLM checks its ``aliases``, ``description`` and ``concept_type`` against the content and answers

@@ -87,7 +87,7 @@ __all__ = [
 class ForgetConfig(BaseModel):
     """Options of :func:`forget_cluster`.
 
-    The decay parameters default to the original's constants (SPEC §8).
+    The decay parameters default to the original's constants (docs/spec.md §8).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -1,4 +1,4 @@
-"""Ebbinghaus forgetting curve (SPEC §8): retention, missing degree and decayed link intensity.
+"""Ebbinghaus forgetting curve (docs/spec.md §8): retention, missing degree and decayed link intensity.
 
 Retention of a note ``R = exp(-t · ln2 / hl)`` with
 

@@ -1,4 +1,4 @@
-"""Lazy forgetting of one note (SPEC §8 ``lazy_forget``): mask, then let the LLM fill the gaps.
+"""Lazy forgetting of one note (docs/spec.md §8 ``lazy_forget``): mask, then let the LLM fill the gaps.
 
 Only a ``SpecificSituation`` (its ``narrative``) and a ``Semantic`` note (its ``content``) are
 forgotten. With the missing degree ``md`` of the note (``1 - R``, see :mod:`.decay`):

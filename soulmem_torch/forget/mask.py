@@ -1,4 +1,4 @@
-"""Deterministic token masking of a memory text (SPEC §8 ``mask_text``).
+"""Deterministic token masking of a memory text (docs/spec.md §8 ``mask_text``).
 
 A text is cut into tokens (jieba accurate mode, HMM on; whitespace and punctuation are tokens
 of their own, so the tokens join back to the text), ``n = min(round_half_away(md · total),

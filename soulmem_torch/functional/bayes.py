@@ -1,4 +1,4 @@
-"""BayesAction scoring (SPEC §7): aggregate ``prob * weight`` over trigger -> action links.
+"""BayesAction scoring (docs/spec.md §7): aggregate ``prob * weight`` over trigger -> action links.
 
 For every query (column) and every Procedure note ``a``::
 

@@ -30,5 +30,5 @@ LINK_SEM = 1  # Sem(SemMemLink{verb, confidence})
 LINK_SIT_ABSTRACT_TO_SPECIFIC = 2  # Situation(AbstractToSpecific)
 LINK_SIT_SPECIFIC_TO_ABSTRACT = 3  # Situation(SpecificToAbstract)
 
-# SPEC §5: a Situation link's confidence is 0.8 *as float32*, widened to float64.
+# docs/spec.md §5: a Situation link's confidence is 0.8 *as float32*, widened to float64.
 SITUATION_LINK_CONFIDENCE = 0.800000011920929

@@ -1,4 +1,4 @@
-"""Dynamic edge weights (SPEC §5, the original's ``DynWeightFuncBuilder``) as tensor ops.
+"""Dynamic edge weights (docs/spec.md §5, the original's ``DynWeightFuncBuilder``) as tensor ops.
 
 Every edge ``u -> v`` of the memory graph gets a weight from its link kind, its intensity and
 (for Sem links) its confidence, computed for all edges at once in float64 so that the numbers
@@ -100,7 +100,7 @@ def dynamic_edge_weight(
 ) -> Tensor:
     """Dynamic weight of every edge, exactly as the original's ``DynWeightFuncBuilder``.
 
-    For an edge ``u -> v`` (SPEC §5):
+    For an edge ``u -> v`` (docs/spec.md §5):
 
     1. ``v`` is a Procedure note -> ``0``.
     2. ``(cb, tb)``: Proc link -> ``(0, 0)``; Situation link (either direction) ->

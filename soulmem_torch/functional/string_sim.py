@@ -1,4 +1,4 @@
-"""The string channel (SPEC §4): exact-identifier string similarity, batched.
+"""The string channel (docs/spec.md §4): exact-identifier string similarity, batched.
 
 ``sds(a, b)`` = 1 if both are empty, 0 if one is, else
 ``max(JaroWinkler(a, b), 1 − Levenshtein(a, b) / max_len)`` over Unicode characters (code
@@ -57,7 +57,7 @@ def _f32(x: float) -> float:
 
 
 # -------------------------------------------------------------------------------------------
-# reference implementations (pure Python, the SPEC definition)
+# reference implementations (pure Python, the docs/spec.md definition)
 # -------------------------------------------------------------------------------------------
 def jaro_similarity(a: str, b: str) -> float:
     """Jaro similarity on code points; window ``max(len) // 2 − 1`` (at least 0)."""

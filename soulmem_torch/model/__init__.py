@@ -1,4 +1,4 @@
-"""The SoulMem data model (SPEC §1): pydantic v2, Rust serde JSON shape, no torch."""
+"""The SoulMem data model (docs/spec.md §1): pydantic v2, Rust serde JSON shape, no torch."""
 
 from __future__ import annotations
 

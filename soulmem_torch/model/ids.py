@@ -1,4 +1,4 @@
-"""``MemoryId`` and ``LinkId``: UUID v4 newtypes (SPEC §1).
+"""``MemoryId`` and ``LinkId``: UUID v4 newtypes (docs/spec.md §1).
 
 Hashable, ordered, printable; their JSON form is the bare UUID string. A ``MemoryId`` never
 compares equal to a ``LinkId`` with the same bits: they name different things.

@@ -1,4 +1,4 @@
-"""Memory links (SPEC §1): stored on the source note, typed and weighted."""
+"""Memory links (docs/spec.md §1): stored on the source note, typed and weighted."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Memory notes (SPEC §1): semantic concepts, specific / abstract situations, procedures."""
+"""Memory notes (docs/spec.md §1): semantic concepts, specific / abstract situations, procedures."""
 
 from __future__ import annotations
 
@@ -360,7 +360,7 @@ class MemoryNoteBuilder:
     """``MemoryNoteBuilder(mem_type).tags([...]).create_time(t).build()``.
 
     Missing ``create_time`` = now; missing ``last_accessed_time`` = ``create_time``.
-    **DECISION** (SPEC §1): a time conflict is reported only when both times are given and
+    **DECISION** (docs/spec.md §1): a time conflict is reported only when both times are given and
     ``last_accessed_time < create_time`` (the original also fails when only ``create_time`` is
     given).
     """

@@ -1,4 +1,4 @@
-"""Retrieval queries (SPEC §3): ``MemoryRetrieveQuery { tag, variant }`` in the serde JSON shape.
+"""Retrieval queries (docs/spec.md §3): ``MemoryRetrieveQuery { tag, variant }`` in the serde JSON shape.
 
 ``variant`` is externally tagged like every Rust enum: ``{"Semantic": [unit, ...]}`` or
 ``{"Situation": [unit, ...]}``. Every ``Option`` field is optional (missing or ``null`` reads as

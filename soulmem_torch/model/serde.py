@@ -1,4 +1,4 @@
-"""Writing JSON exactly as the Rust original's ``serde_json`` does (SPEC §1, §9).
+"""Writing JSON exactly as the Rust original's ``serde_json`` does (docs/spec.md §1, §9).
 
 * compact, struct field order, raw UTF-8 (only ``"``, ``\\`` and control characters escaped);
 * floats in ``ryu``'s shortest form and layout (``1.0``, ``0.9``, ``1e-7``, ``1.5e16``); ``f32``

@@ -1,4 +1,4 @@
-"""The original's evaluation-graph format (``soul_tune`` ``*.graph.json``, SPEC §9).
+"""The original's evaluation-graph format (``soul_tune`` ``*.graph.json``, docs/spec.md §9).
 
 A JSON array of ``{id: "<readable id>", tags, mem_type, mem_links?: [{from, to, intensity,
 link_type}]}`` with readable ids (``sem_*``, ``sit_*``, ``sit_abstract_*``, ``proc_*``), no UUIDs

@@ -1,4 +1,4 @@
-"""Retrieval strategies (SPEC §7): configs, requests, ``RetrX().retrieve(request)`` and batches.
+"""Retrieval strategies (docs/spec.md §7): configs, requests, ``RetrX().retrieve(request)`` and batches.
 
 ``XConfig(...).into_request(working_memory, ...)`` builds a request; ``RetrX().retrieve(req)``
 answers it and ``RetrX().retrieve_batch(reqs)`` answers many at once (one kernel call per group

@@ -1,4 +1,4 @@
-"""``AssociateWithAction``: association, then Bayes actions from the situations found (SPEC §7)."""
+"""``AssociateWithAction``: association, then Bayes actions from the situations found (docs/spec.md §7)."""
 
 from __future__ import annotations
 

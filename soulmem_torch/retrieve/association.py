@@ -1,4 +1,4 @@
-"""``Association``: Personalized PageRank from scored source notes (SPEC §7)."""
+"""``Association``: Personalized PageRank from scored source notes (docs/spec.md §7)."""
 
 from __future__ import annotations
 

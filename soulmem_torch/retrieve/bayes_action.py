@@ -1,4 +1,4 @@
-"""``BayesAction``: next actions from TrigToAction links (SPEC §7)."""
+"""``BayesAction``: next actions from TrigToAction links (docs/spec.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Retrieval metrics exactly as the original's evaluation tool computes them (SPEC §9).
+"""Retrieval metrics exactly as the original's evaluation tool computes them (docs/spec.md §9).
 
 R = retrieved ids (ranked), G = expected ids (duplicates counted: n = |G|). Each ``k`` is
 clipped to |R| and the clipped k is reported. Recall@k = |R[:k] ∩ G| / n; Precision@k =

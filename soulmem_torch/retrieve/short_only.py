@@ -1,4 +1,4 @@
-"""``ShortOnly``: the short-term window and its summary (SPEC §7)."""
+"""``ShortOnly``: the short-term window and its summary (docs/spec.md §7)."""
 
 from __future__ import annotations
 

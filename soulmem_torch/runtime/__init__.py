@@ -1,4 +1,4 @@
-"""Working memory and the memory cluster (SPEC §2): the in-memory store above the data model."""
+"""Working memory and the memory cluster (docs/spec.md §2): the in-memory store above the data model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``MemoryCluster``: the in-memory directed multigraph of embedded notes (SPEC §2).
+"""``MemoryCluster``: the in-memory directed multigraph of embedded notes (docs/spec.md §2).
 
 Notes are nodes; each note's own ``mem_links`` are its out-edges. The note is the source of
 truth for its links; the cluster keeps the materialized edges, the *pending* (parked) links
@@ -17,7 +17,7 @@ Semantics (the original's ``MemoryCluster``, read from ``soul-mem-runtime``):
 * **Removing** a note drops the links it owned (edges and parked links) and re-parks the edges
   that pointed at it, keeping their id, source, intensity and type, newest first (the order in
   which the original's graph library yields them), so re-adding the note restores them.
-  (**DECISION**, with SPEC §2: the original re-parks them with a fresh id and intensity 1.0.)
+  (**DECISION**, with docs/spec.md §2: the original re-parks them with a fresh id and intensity 1.0.)
 * The link's source is always the note that holds it (as in the original, ``from`` is not
   consulted); ``GraphMemoryLink.from_`` is that note's id.
 
@@ -136,7 +136,7 @@ def check_embedding(embedding: Any, *, dim: int | None, where: str = "embedding"
 
 
 class MemoryCluster:
-    """A directed multigraph of embedded notes with pending-link bookkeeping (SPEC §2).
+    """A directed multigraph of embedded notes with pending-link bookkeeping (docs/spec.md §2).
 
     Args:
         embedding_dim: > 0 or ``None``. Width every embedding must have; ``None`` = taken from

@@ -1,4 +1,4 @@
-"""Access records kept by the working memory (SPEC §2): ``Record`` and ``Feedback``.
+"""Access records kept by the working memory (docs/spec.md §2): ``Record`` and ``Feedback``.
 
 A record counts how often the *working memory* retrieved a note and collects user feedback on
 it. Its retrieval count is separate from the note's own ``retrieval_count`` (the forgetting

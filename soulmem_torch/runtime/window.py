@@ -1,4 +1,4 @@
-"""Short-term memory: the ``SlidingWindow`` of conversation messages and its summary (SPEC §2).
+"""Short-term memory: the ``SlidingWindow`` of conversation messages and its summary (docs/spec.md §2).
 
 Messages (``User`` / ``Assistant``) are pushed into a window of ``capacity`` messages. A tag
 counter starting at ``capacity`` is incremented on every push; when it reaches ``capacity`` the
@@ -139,7 +139,7 @@ class SlidingWindow:
         timeout: > 0 seconds, or ``None``. Limit for one async LLM call; exceeding it is a
             failure (a plain function cannot be interrupted).
         system_prompt: the system message of the summary call.
-        tag_counter_start: initial value of the tag counter; ``None`` -> ``capacity`` (SPEC
+        tag_counter_start: initial value of the tag counter; ``None`` -> ``capacity`` (docs/spec.md
             §2: the first message is tagged). ``0`` gives the newer original's rule (the
             ``capacity``-th message is the first tagged).
     """

@@ -1,4 +1,4 @@
-"""``WorkingMemory``: state, sliding window, memory cluster and access records (SPEC §2).
+"""``WorkingMemory``: state, sliding window, memory cluster and access records (docs/spec.md §2).
 
 Example:
     >>> from soulmem_torch.model import MemoryNote, SemMemory
