@@ -470,7 +470,11 @@ def carry_operators(new: UnionSnapshot, old: UnionSnapshot | None, changed: Sequ
     already in ``old``) keep their rows, only shifted; ``old`` itself is not kept alive."""
     if old is None:
         return
-    ops = {k: v for k, v in old.cache.items() if isinstance(k, tuple) and k[0] == "transition"}
+    ops = {
+        k: v
+        for k, v in old.cache.items()
+        if isinstance(k, tuple) and k[0] in ("transition", "transition_undirected")
+    }
     if ops:
         new.cache["previous"] = (ops, old.ptr, old.num_agents, sorted(set(changed)))
 
@@ -482,7 +486,10 @@ def _splice(union: UnionSnapshot, key: tuple[Any, ...], config: Any) -> UnionOpe
     previous = union.cache.get("previous")
     if previous is None or key not in previous[0]:
         return None
-    from soulmem_torch.retrieve._engine import transition
+    if key[0] == "transition_undirected":
+        from soulmem_torch.retrieve.pipeline import undirected_transition as transition
+    else:
+        from soulmem_torch.retrieve._engine import transition
 
     ops, old_ptr, old_agents, changed = previous
     old = ops[key]
@@ -540,10 +547,15 @@ def union_transition(union: UnionSnapshot, config: Any, *, undirected: bool = Fa
     spliced from the previous union's when only some agents changed (see :func:`_splice`),
     else built in one vectorized pass over every link. ``undirected``: every link walkable both
     ways (:func:`~soulmem_torch.functional.fusion.undirected_edges`, the fused default's
-    ``graph_undirected`` channel), built in one pass (not spliced)."""
+    ``graph_undirected`` channel), spliced the same way (each changed agent's own
+    ``retrieve.pipeline.undirected_transition``)."""
     if undirected:
         key = ("transition_undirected", *_weight_key(config))
         op = union.cache.get(key)
+        if op is None:
+            op = _splice(union, key, config)
+            if op is not None:
+                union.cache[key] = op
         if op is None:
             w = dynamic_edge_weight(
                 union.edge_index,

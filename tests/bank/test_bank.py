@@ -360,20 +360,23 @@ def test_a_change_splices_the_union_operator() -> None:
     bank.add_agent("notes", sample_notes(list(range(10))))
     cfg = config("power")
     assoc = cfg.assoc_with_action.association
-    bank.query([("g1", torch.ones(4))], config=cfg)  # builds (and caches) the operator
+    bank.query([("g1", torch.ones(4))], config=cfg)  # builds (and caches) both operators
     bank.add_notes("notes", sample_notes(list(range(10, 30))))
     bank.add_agent_graph("g9", random_agent_graph(7, 20, 4, 9))
     union = bank.union()
-    assert "previous" in union.cache
+    carried = {k[0] for k in union.cache["previous"][0]}
+    assert carried == {"transition", "transition_undirected"}
     full = build_union(union.graphs, union.device)
     for name in ("ptr", "eptr", "sizes", "agent", "node_type", "edge_index", "edge_kind",
                  "intensity", "confidence", "prob", "tag_emb", "tag_mask", "field_emb",
                  "field_mask"):  # fmt: skip
         assert torch.equal(getattr(union, name), getattr(full, name)), name
-    spliced = union_transition(union, assoc)
-    fresh = union_transition(full, assoc)
-    assert torch.allclose(spliced.transpose.to_dense(), fresh.transpose.to_dense(), atol=1e-15)
-    assert torch.equal(spliced.out_degree, fresh.out_degree)
+    for undirected in (False, True):
+        spliced = union_transition(union, assoc, undirected=undirected)
+        fresh = union_transition(full, assoc, undirected=undirected)
+        dense = spliced.transpose.to_dense()
+        assert torch.allclose(dense, fresh.transpose.to_dense(), atol=1e-15)
+        assert torch.equal(spliced.out_degree, fresh.out_degree)
     for agent in ("g0", "g4", "g9"):
         got = bank.query([(agent, torch.ones(4))], config=cfg)[0]
         want = RetrDefaultPipeline().retrieve(cfg.into_request(bank.graph(agent), torch.ones(4)))
