@@ -616,13 +616,12 @@ def _sub_operator(
     if sizes.numel() > 1:
         torch.cumsum(sizes[:-1], 0, out=offsets[1:])
     t = op.transpose
-    crow = t.crow_indices().to(_I64)
-    col = t.col_indices().to(_I64)
-    vals = t.values()
-    row_len = crow[nodes + 1] - crow[nodes]
-    entries, entry_row = _ranges(crow[nodes], row_len)
+    crow, col, vals = t.crow_indices(), t.col_indices(), t.values()
+    first = crow.index_select(0, nodes).to(_I64)  # index first: never widen the whole union
+    row_len = crow.index_select(0, nodes + 1).to(_I64) - first
+    entries, entry_row = _ranges(first, row_len)
     shift = (offsets - starts)[node_seg[entry_row]]
-    sub_col = col[entries] + shift
+    sub_col = col.index_select(0, entries).to(_I64) + shift
     s = int(nodes.numel())
     sub_crow = torch.zeros(s + 1, dtype=_I64, device=nodes.device)
     torch.cumsum(row_len, 0, out=sub_crow[1:])
