@@ -114,8 +114,13 @@ def test_add_notes_is_persisted(served) -> None:
         assert r.json()["added"] == 0  # the same notes again: nothing new
         r = client.post("/ask", json={"agent": "npc-new", "text": TEXTS[3]})
         assert r.status_code == 200
+        for chunk in (notes[:5], notes[5:]):  # an agent loaded from the directory, twice
+            r = client.post("/agents/npc-0/notes", json={"notes": chunk})
+            assert r.status_code == 200, r.text
+        assert r.json()["notes"] == 50
     loaded = MemoryBank.load(root)
     assert "npc-new" in loaded and len(loaded.agent("npc-new")) == 10
+    assert len(loaded.agent("npc-0")) == 50
     assert not [p for p in Path(root).iterdir() if p.name.startswith(".bank.json.")]
 
 
