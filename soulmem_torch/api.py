@@ -299,7 +299,7 @@ class SoulMem:
                 + [[a.seeds, b.seeds] for a, b in pairs],
                 [0, 0],
             )
-            return [
+            out = [
                 DefaultPipelineResult(
                     association=mixed[i][:cut],
                     action=mixed[q + i],
@@ -310,6 +310,9 @@ class SoulMem:
                 )
                 for i, (a, _) in enumerate(pairs)
             ]
+            # freed before the collector resumes, so its first young collection sees only `out`
+            del queries, results, pairs, mixed
+        return out
 
     def similar(
         self,
