@@ -18,6 +18,8 @@ memories / actions per query (to show each query did the full work).
 from __future__ import annotations
 
 import gc
+import statistics
+import time
 
 import pytest
 import torch
@@ -183,6 +185,16 @@ def _sample_memory_and_texts() -> tuple[object, list[str]]:
     return _ASK["mem"], _ASK["texts"]  # type: ignore[return-value]
 
 
+def _ask_config(ppr: str) -> DefaultPipelineConfig:
+    config = DefaultPipelineConfig()
+    if ppr == "sequential":
+        assoc = AssociationConfig(method=PprMethod.SEQUENTIAL)
+        config = config.model_copy(
+            update={"assoc_with_action": AssociateWithActionConfig(association=assoc)}
+        )
+    return config
+
+
 @pytest.mark.parametrize("ppr", ["default", "sequential"])
 def test_ask_sample_memory(benchmark, ppr):
     """``SoulMem.ask`` at batch 256 on the sample memory: the default (rank fusion, batched
@@ -191,12 +203,7 @@ def test_ask_sample_memory(benchmark, ppr):
     benchmark.group = "ask-sample-b256"
     torch.set_num_threads(1)
     mem, texts = _sample_memory_and_texts()
-    config = DefaultPipelineConfig()
-    if ppr == "sequential":
-        assoc = AssociationConfig(method=PprMethod.SEQUENTIAL)
-        config = config.model_copy(
-            update={"assoc_with_action": AssociateWithActionConfig(association=assoc)}
-        )
+    config = _ask_config(ppr)
 
     def run():
         return mem.ask(texts, config=config)
@@ -218,3 +225,38 @@ def test_ask_sample_memory(benchmark, ppr):
     assert row["merged"] > 0
     benchmark.extra_info.update({k: v for k, v in row.items() if k != "group"})
     _harness.record(row)
+
+
+def test_ask_sample_memory_interleaved(benchmark):
+    """The same two ``ask`` calls alternated round by round (default, sequential, default, …),
+    so a neighbour's load lands on both: the ratio of their medians is the side-by-side figure.
+    The benchmark's own time is one (default + sequential) pair."""
+    benchmark.group = "ask-sample-b256-interleaved"
+    torch.set_num_threads(1)
+    mem, texts = _sample_memory_and_texts()
+    configs = {ppr: _ask_config(ppr) for ppr in ("default", "sequential")}
+    times: dict[str, list[float]] = {ppr: [] for ppr in configs}
+
+    def run():
+        for ppr, config in configs.items():
+            start = time.perf_counter()
+            mem.ask(texts, config=config)
+            times[ppr].append(time.perf_counter() - start)
+
+    first, _ = _harness.time_call(run)  # warm-up
+    for t in times.values():
+        t.clear()
+    rounds = max(ASK_MIN_ROUNDS, _harness.rounds_for(first))
+    benchmark.pedantic(run, rounds=rounds, iterations=1, warmup_rounds=0)
+    median = {ppr: statistics.median(t) for ppr, t in times.items()}
+    for ppr, t in times.items():
+        row = {
+            "group": benchmark.group, "method": f"ask/{ppr}", "device": "cpu",
+            "n": len(mem), "batch": ASK_BATCH, "mean_ms": statistics.mean(t) * 1e3,
+            "median_ms": median[ppr] * 1e3, "us_per_query": median[ppr] * 1e6 / ASK_BATCH,
+            "qps": ASK_BATCH / median[ppr], "threads": torch.get_num_threads(),
+            "rounds": rounds,
+            "ratio_of_medians": median["sequential"] / median["default"],
+        }  # fmt: skip
+        _harness.record(row)
+    benchmark.extra_info["ratio_of_medians"] = median["sequential"] / median["default"]
