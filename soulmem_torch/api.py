@@ -265,7 +265,8 @@ class SoulMem:
         config: DefaultPipelineConfig | None = None,
         priorities: Sequence[int] | None = None,
     ) -> list[DefaultPipelineResult]:
-        """The default pipeline for a batch of structured queries (one batch, one device)."""
+        """The default pipeline for a batch of structured queries (one batch, one device);
+        the cyclic garbage collector is held off for the call (``retrieve._gcpause``)."""
         config = config or DefaultPipelineConfig()
         priorities = list(priorities) if priorities is not None else [0] * len(queries)
         if len(priorities) != len(queries):
@@ -285,7 +286,10 @@ class SoulMem:
         self, texts: Sequence[str] | str, *, config: DefaultPipelineConfig | None = None
     ) -> list[DefaultPipelineResult]:
         """Free-text questions: each runs as a concept query and an episode query (one batch);
-        their memories and actions are mixed, max per note (see :func:`text_queries`)."""
+        their memories and actions are mixed, max per note (see :func:`text_queries`).
+
+        Like :meth:`query`, holds Python's cyclic garbage collector off for the call (its many
+        short-lived objects are acyclic; see ``soulmem_torch.retrieve._gcpause``)."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         with gc_paused():  # tens of thousands of short-lived acyclic objects (see _gcpause)
             queries = [q for t in texts for q in text_queries(t)]
