@@ -2,8 +2,7 @@
 
 README.md, ARCHITECTURE.md, docs/ and every module of the package may refer to the behaviour
 spec as ``docs/spec.md §n`` (in the repository), never to files outside it (the original's data,
-a spec next to the checkout). Bare ``SPEC §n`` references are being renamed to
-``docs/spec.md §n`` in one pass at the end; until then that one check is an expected failure.
+a spec next to the checkout), and never by a bare ``SPEC §n``.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "docs" / "spec.md"
@@ -58,7 +56,6 @@ def test_spec_links_in_markdown_resolve() -> None:
             assert (path.parent / target).exists(), f"{path.name} links to missing {target}"
 
 
-@pytest.mark.xfail(strict=False, reason="coordinator's final rename pending")
 def test_no_bare_spec_references() -> None:
     found = hits(r"(?<![\w/.])SPEC §")
     assert not found, f"{len(found)} bare 'SPEC §n' references (should be 'docs/spec.md §n'):\n" + (

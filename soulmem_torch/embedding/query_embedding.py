@@ -1,4 +1,4 @@
-"""Query embedding (SPEC §3): a batch of queries → padded tensors with presence masks.
+"""Query embedding (docs/spec.md §3): a batch of queries → padded tensors with presence masks.
 
 Every string of every query is collected first and embedded once (query side: the embedder's
 ``embed_query`` when it has one), then scattered into
@@ -103,7 +103,7 @@ class QueryEmbeddingBatch:
         weights: Any = None,
         string_scores: Tensor | None = None,
     ) -> Tensor:
-        """Fused similarity of these queries against every note of ``graph`` (SPEC §4).
+        """Fused similarity of these queries against every note of ``graph`` (docs/spec.md §4).
 
         Args:
             graph: a ``MemoryGraph`` (or anything with ``node_type`` and, when the notes are

@@ -19,7 +19,7 @@ randomization, the process or the platform:
   position ``i`` with ``i + below(total - i)``. The first ``n`` positions are the masked token
   indices; only ``n`` steps are run since later steps cannot change them.
 
-The output is not bit-identical to the Rust original (which uses ``rand::StdRng``); the SPEC
+The output is not bit-identical to the Rust original (which uses ``rand::StdRng``); docs/spec.md
 does not require that.
 """
 

@@ -3,7 +3,7 @@
 The default pipeline (``DefaultPipelineConfig(fusion="rank")``) ranks a memory's notes for a
 query by channels, each a score row per query (the default: the four below):
 
-* **seeds** — the structured score of SPEC §4, of the query's seeds only (:func:`relative_seeds`:
+* **seeds** — the structured score of docs/spec.md §4, of the query's seeds only (:func:`relative_seeds`:
   the notes within a ratio of the best structured match); the structured channel votes for what
   the query asked for, not for the near misses of the same kind;
 * **text** — BM25 over the whole note's text (every kind; :func:`bm25_note_weights` +

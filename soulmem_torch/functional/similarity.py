@@ -1,4 +1,4 @@
-"""Fused similarity (SPEC §4): B queries against all N notes with batched matmuls, float32.
+"""Fused similarity (docs/spec.md §4): B queries against all N notes with batched matmuls, float32.
 
 Every cosine is a matmul of L2-normalized vectors (a zero vector stays zero, so ``cos = 0``
 whenever either side is all zeros); the structured rules are masked ``where`` / ``max`` / sums
@@ -81,9 +81,9 @@ __all__ = [
 
 
 class BlendWeights(BaseModel):
-    """Every weight of the similarity score (the original's ``BlendWeights``), SPEC defaults.
+    """Every weight of the similarity score (the original's ``BlendWeights``), docs/spec.md defaults.
 
-    ``situation_units``: ``"mean"`` (the default, SPEC §4: the newest original averages a
+    ``situation_units``: ``"mean"`` (the default, docs/spec.md §4: the newest original averages a
     Situation query's unit scores like a Semantic query's, so three identical units scoring 1.0
     give 1.0 and scores stay in [0, 1]); ``"sum"`` adds them (older versions of the original;
     ``DefaultPipelineConfig.original()`` selects it through ``SimilarityConfig``).

@@ -128,7 +128,7 @@ def _weight_key(config: AssociationConfig) -> tuple[Any, ...]:
 
 
 def edge_weights(graph: Any, config: AssociationConfig) -> Tensor:
-    """Dynamic edge weights (SPEC §5), float64, cached on the snapshot per preference/factors."""
+    """Dynamic edge weights (docs/spec.md §5), float64, cached on the snapshot per preference/factors."""
     key = ("edge_weight", *_weight_key(config))
     cached = graph.cache.get(key)
     if cached is None:

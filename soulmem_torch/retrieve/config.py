@@ -1,4 +1,4 @@
-"""Strategy configurations (SPEC §7), with the original's names, JSON shape and defaults.
+"""Strategy configurations (docs/spec.md §7), with the original's names, JSON shape and defaults.
 
 Each config is a frozen pydantic model; ``RetrRequestConfig`` is the tagged union (JSON field
 ``"type"``) that deserializes any of them, as the original's ``#[serde(tag = "type")]`` enum does.
@@ -40,7 +40,7 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 class TypePreference(str, Enum):
-    """Which link kind association favours: ``[semantic_boost, situation_boost]`` (SPEC §5)."""
+    """Which link kind association favours: ``[semantic_boost, situation_boost]`` (docs/spec.md §5)."""
 
     SEMANTIC = "Semantic"
     SITUATION = "Situation"
@@ -70,7 +70,7 @@ class PprMethod(str, Enum):
       ``AUTO_SEQUENTIAL_MAX_NODES`` (4096) notes, where it is cheap (milliseconds per query) and
       gives the original's numbers exactly; otherwise ``power``. The choice depends only on the
       graph and its device, never on the batch, so a query scores the same in any batch.
-    * ``sequential`` — the original's push, node by node (SPEC §6.1): exact parity, CPU, one
+    * ``sequential`` — the original's push, node by node (docs/spec.md §6.1): exact parity, CPU, one
       Python loop per query.
     * ``push`` — batched vectorized forward push with the original's per-node rules: differs from
       ``sequential`` only within the residue threshold's error on small graphs; on large graphs
@@ -109,7 +109,7 @@ class SimilarityConfig(BaseModel):
 
 
 class AssociationConfig(BaseModel):
-    """``Association``: Personalized PageRank from scored sources (SPEC §6–7).
+    """``Association``: Personalized PageRank from scored sources (docs/spec.md §6–7).
 
     ``damping_factor`` is the probability of *continuing* the walk (restart = 1 − damping), not
     PyG's teleport ``alpha``.
@@ -187,7 +187,7 @@ class BayesActionConfig(BaseModel):
 class ShortOnlyConfig(BaseModel):
     """``ShortOnly``: the short-term window (last ``clipping_length`` messages) and summary.
 
-    **DECISION** (SPEC §7): ``include_summary`` is honoured (the original ignores it).
+    **DECISION** (docs/spec.md §7): ``include_summary`` is honoured (the original ignores it).
     """
 
     model_config = _FROZEN
@@ -226,7 +226,7 @@ BM25, ``graph`` PPR along the links, ``graph_undirected`` PPR along the links ei
 
 
 class DefaultPipelineConfig(BaseModel):
-    """ShortOnly → Similarity → AssociateWithAction → fusion (SPEC §7; the fusion is ours).
+    """ShortOnly → Similarity → AssociateWithAction → fusion (docs/spec.md §7; the fusion is ours).
 
     ``fusion`` says how the per-query memory list is built from the stages' scores:
 

@@ -1,4 +1,4 @@
-"""Retrieval suites of the original's evaluation tool (SPEC §9) and how to run them.
+"""Retrieval suites of the original's evaluation tool (docs/spec.md §9) and how to run them.
 
 A suite (``question.json``) holds test cases, each with prioritized sub-queries, the expected
 ranking per sub-query (``ranking`` + optional ``bonus_ranking``) and the expected combined

@@ -1,4 +1,4 @@
-"""``DefaultPipeline``: ShortOnly → Similarity → AssociateWithAction → fusion (SPEC §7)."""
+"""``DefaultPipeline``: ShortOnly → Similarity → AssociateWithAction → fusion (docs/spec.md §7)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 def undirected_transition(graph: MemoryGraph, config: AssociationConfig) -> TransitionOperator:
     """The transition that follows every link both ways (:func:`~soulmem_torch.functional.fusion.
-    undirected_edges`, the links' dynamic weights of SPEC §5), built once per snapshot and
+    undirected_edges`, the links' dynamic weights of docs/spec.md §5), built once per snapshot and
     preference / factors and cached on the snapshot."""
     key = ("transition_undirected", *_weight_key(config))
     cached = graph.cache.get(key)

@@ -1,4 +1,4 @@
-"""Mixing the results of several prioritized queries (SPEC §7, the original's evaluation tool)."""
+"""Mixing the results of several prioritized queries (docs/spec.md §7, the original's evaluation tool)."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def merge_weighted_sum(
     *,
     top_k: int | None = None,
 ) -> list[tuple[K, float]]:
-    """Σ priority × score per id (the evaluation suites' merge, SPEC §9), descending, cut."""
+    """Σ priority × score per id (the evaluation suites' merge, docs/spec.md §9), descending, cut."""
     if len(results) != len(priorities):
         raise ValidationError(
             f"priorities: expected one per result list ({len(results)}), found {len(priorities)}"

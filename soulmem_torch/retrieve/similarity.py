@@ -1,4 +1,4 @@
-"""``Similarity``: fused structured similarity of a query against every note (SPEC §4, §7)."""
+"""``Similarity``: fused structured similarity of a query against every note (docs/spec.md §4, §7)."""
 
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ def effective_weights(
 
 
 def threshold_mask(scores: Tensor, threshold: float) -> Tensor:
-    """Finite scores at or above the floor (the SPEC's filter)."""
+    """Finite scores at or above the floor (the docs/spec.md filter)."""
     return torch.isfinite(scores) & (scores >= threshold)
 
 
