@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "docs" / "spec.md"
 
