@@ -28,7 +28,7 @@ from soulmem_torch.bank._union import (
     grouped_is_cheaper,
     grouped_structured_similarity,
     plain_similarity,
-    segment_power_ppr,
+    segment_power_ppr_channels,
     structured_similarity,
 )
 from soulmem_torch.errors import ConfigError, ValidationError
@@ -116,13 +116,19 @@ def _topk(scores: Tensor, mask: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor,
 def _lists(
     ids: list[list[Any]], values: Tensor, index: Tensor, valid: Tensor, *, as_float32: bool = False
 ) -> list[list[tuple[Any, float]]]:
-    """``[(id, score)]`` per row: the valid entries of a stable top-k, in order."""
+    """``[(id, score)]`` per row: the valid entries of a stable top-k, in order (the batch's
+    entries converted to Python once, each row a slice of them)."""
     if as_float32:
         values = values.to(torch.float32)
-    return [
-        [(row_ids[i], v) for v, i, k in zip(vrow, irow, krow) if k]
-        for row_ids, vrow, irow, krow in zip(ids, values.tolist(), index.tolist(), valid.tolist())
-    ]
+    vals = values[valid].tolist()
+    idxs = index[valid].tolist()
+    out = []
+    pos = 0
+    for row_ids, c in zip(ids, valid.sum(dim=1).tolist()):
+        end = pos + c
+        out.append(list(zip(map(row_ids.__getitem__, idxs[pos:end]), vals[pos:end])))
+        pos = end
+    return out
 
 
 def _plain_vectors(queries: Sequence[Any], embedder: Any, width: int, device: Any) -> Tensor:
@@ -256,8 +262,14 @@ def _association(
     weights: Tensor,
     keys: Tensor,
     config: Any,
-) -> tuple[Tensor, Tensor]:
-    """Stage 3: PPR of every query on its agent's block → ``(scores (B, M) f64, ok (B,))``.
+    *,
+    undirected: bool = False,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Stage 3: PPR of every query on its agent's block → ``(scores (B, M) f64, ok (B,),
+    undirected scores (B, M) f64 or None)``.
+
+    ``undirected``: the ``graph_undirected`` channel too (always the power iteration, as the
+    retrieve layer's), run as one stacked iteration with the directed ``power`` rows.
 
     ``power`` runs batched on the union operator; ``sequential`` (the parity oracle, a loop by
     definition) and ``push`` run per agent of the batch on the agent's own snapshot with the
@@ -284,7 +296,15 @@ def _association(
         dtype=torch.bool,
         device=union.device,
     )
-    scores = segment_power_ppr(union, config, agents, weights, keys, ok & is_power)
+    if undirected:
+        scores, both = segment_power_ppr_channels(
+            union, config, agents, weights, keys, [ok & is_power, ok], undirected=[False, True]
+        )
+    else:
+        (scores,) = segment_power_ppr_channels(
+            union, config, agents, weights, keys, [ok & is_power], undirected=[False]
+        )
+        both = None
     other = (ok & ~is_power).nonzero().reshape(-1).tolist()
     if other:
         groups: dict[int, list[int]] = {}
@@ -299,7 +319,7 @@ def _association(
             )
             scores[rt, :n] = res.T
     ok = ok & (scores.sum(dim=1) > 0)
-    return scores, ok
+    return scores, ok, both
 
 
 def run_pipeline(
@@ -313,7 +333,9 @@ def run_pipeline(
     embedder: Any,
     weights: Any = None,
 ) -> list[Any]:
-    """ShortOnly → Similarity → AssociateWithAction → merge for B (agent, query) pairs.
+    """ShortOnly → Similarity → AssociateWithAction → merge for B (agent, query) pairs, with
+    the cyclic garbage collector held off (``retrieve._gcpause.gc_paused``: the call builds
+    tens of thousands of short-lived result tuples).
 
     Args:
         union: the bank's union snapshot.
@@ -326,6 +348,33 @@ def run_pipeline(
         embedder: embeds texts and structured queries.
         weights: ``BlendWeights``; ``None`` → defaults.
     """
+    from soulmem_torch.retrieve._gcpause import gc_paused
+
+    with gc_paused():
+        return _run_pipeline(
+            union,
+            positions,
+            queries,
+            config,
+            priorities=priorities,
+            memories=memories,
+            embedder=embedder,
+            weights=weights,
+        )
+
+
+def _run_pipeline(
+    union: UnionSnapshot,
+    positions: Sequence[int],
+    queries: Sequence[Any],
+    config: Any,
+    *,
+    priorities: Sequence[int],
+    memories: Sequence[Any],
+    embedder: Any,
+    weights: Any = None,
+) -> list[Any]:
+    """:func:`run_pipeline`'s body."""
     from soulmem_torch.retrieve import DefaultPipelineResult
     from soulmem_torch.retrieve.short_only import RetrShortOnly
     from soulmem_torch.retrieve.similarity import effective_weights
@@ -367,7 +416,10 @@ def run_pipeline(
     # stage 3: association (PPR) and its top-k
     awa = config.assoc_with_action
     assoc = awa.association
-    ppr, ok = _association(union, positions, agents, seed_w, chosen, assoc)
+    undirected = config.fusion == "rank" and "graph_undirected" in config.channels
+    ppr, ok, ppr_both = _association(
+        union, positions, agents, seed_w, chosen, assoc, undirected=undirected
+    )
     present = ok.unsqueeze(1) & valid
     ppr_selected = _topk(ppr, present, assoc.top_k)[0]
 
@@ -399,11 +451,8 @@ def run_pipeline(
         }
         if "text" in config.channels:
             channels["text"] = _text_channel(union, positions, queries, memories, m)
-        if "graph_undirected" in config.channels:  # always the power iteration, as retrieve's
-            run = chosen.any(dim=1) & (seed_w.sum(dim=1) > 0)
-            channels["graph_undirected"] = segment_power_ppr(
-                union, assoc, agents, seed_w, chosen, run, undirected=True
-            )
+        if ppr_both is not None:  # computed with the directed PPR in stage 3
+            channels["graph_undirected"] = ppr_both
         used = [channels[c] for c in config.channels]
         fused = rank_fusion(used, k=config.rank_constant, mask=valid)
         in_list = torch.zeros_like(valid)

@@ -592,53 +592,66 @@ def union_transition(union: UnionSnapshot, config: Any, *, undirected: bool = Fa
     return op
 
 
-def _ranges(starts: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-    """Concatenated ``arange(start, start + length)`` and the segment of each element."""
-    seg = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
-    offsets = torch.zeros_like(lengths)
-    if lengths.numel() > 1:
-        torch.cumsum(lengths[:-1], 0, out=offsets[1:])
-    return starts[seg] + torch.arange(seg.numel(), device=lengths.device) - offsets[seg], seg
-
-
-def _sub_operator(
-    union: UnionSnapshot, op: Any, involved: Tensor
+def _sub_operators(
+    union: UnionSnapshot, ops: Sequence[Any], involved: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``P^T`` restricted to the involved agents' blocks.
+    """``P^T`` of every operator in ``ops`` restricted to the involved agents' blocks, stacked
+    block-diagonally (operator ``c`` on rows and columns ``c·S … (c+1)·S - 1``).
 
-    Returns ``(transpose (S, S) CSR, dangling (sub indices), offsets (len(involved),),
-    node_segment (S,))``: the blocks are laid out one after the other in ``involved`` order.
+    Each agent's rows and entries are contiguous in the union's CSR, so the restriction is a
+    few per-agent range gathers (no per-entry search). Returns ``(transpose (C·S, C·S) CSR,
+    dangling (stacked indices), offsets (len(involved),), node_segment (S,))``: the blocks are
+    laid out one after the other in ``involved`` order, the same layout for every operator.
     """
+    device = involved.device
     sizes = union.sizes.index_select(0, involved)
     starts = union.ptr.index_select(0, involved)
-    nodes, node_seg = _ranges(starts, sizes)  # global index of every sub node
     offsets = torch.zeros_like(sizes)
     if sizes.numel() > 1:
         torch.cumsum(sizes[:-1], 0, out=offsets[1:])
-    t = op.transpose
-    crow, col, vals = t.crow_indices(), t.col_indices(), t.values()
-    first = crow.index_select(0, nodes).to(_I64)  # index first: never widen the whole union
-    row_len = crow.index_select(0, nodes + 1).to(_I64) - first
-    entries, entry_row = _ranges(first, row_len)
-    shift = (offsets - starts)[node_seg[entry_row]]
-    sub_col = col.index_select(0, entries).to(_I64) + shift
-    s = int(nodes.numel())
-    sub_crow = torch.zeros(s + 1, dtype=_I64, device=nodes.device)
-    torch.cumsum(row_len, 0, out=sub_crow[1:])
+    s = int(sizes.sum())
+    node_seg = torch.repeat_interleave(torch.arange(sizes.numel(), device=device), sizes)
+    nodes = torch.arange(s, device=device) + torch.repeat_interleave(starts - offsets, sizes)
+    crows, cols, vals, dangling = [], [], [], []
+    total = 0
+    for c, op in enumerate(ops):
+        t = op.transpose
+        crow, col = t.crow_indices(), t.col_indices()
+        estart = crow.index_select(0, starts).to(_I64)
+        elen = crow.index_select(0, starts + sizes).to(_I64) - estart
+        eoff = torch.zeros_like(elen)
+        if elen.numel() > 1:
+            torch.cumsum(elen[:-1], 0, out=eoff[1:])
+        n_entries = int(elen.sum())
+        # entry j of the sub-operator is union entry j + (estart - eoff) of its agent
+        entries = torch.arange(n_entries, device=device) + torch.repeat_interleave(
+            estart - eoff, elen
+        )
+        shift = torch.repeat_interleave(offsets - starts + c * s, elen)
+        cols.append(col.index_select(0, entries).to(_I64) + shift)
+        vals.append(t.values().index_select(0, entries))
+        row_start = crow.index_select(0, nodes).to(_I64) - torch.repeat_interleave(
+            estart - eoff - total, sizes
+        )
+        crows.append(row_start)
+        total += n_entries
+        dangling.append((op.out_degree.index_select(0, nodes) == 0).nonzero().reshape(-1) + c * s)
+    sub_crow = torch.cat([*crows, torch.tensor([total], dtype=_I64, device=device)])
+    size = len(ops) * s
     import warnings
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Ss]parse CSR tensor support is in beta.*")
-        small = entries.numel() < 2**31 - 1 and s < 2**31 - 1  # int32 indices: less traffic
+        small = total < 2**31 - 1 and size < 2**31 - 1  # int32 indices: less traffic
+        sub_col = torch.cat(cols)
         transpose = torch.sparse_csr_tensor(
             sub_crow.to(torch.int32) if small else sub_crow,
             sub_col.to(torch.int32) if small else sub_col,
-            vals[entries],
-            (s, s),
+            torch.cat(vals),
+            (size, size),
             check_invariants=False,
         )
-    dangling = (op.out_degree.index_select(0, nodes) == 0).nonzero().reshape(-1)
-    return transpose, dangling, offsets, node_seg
+    return transpose, torch.cat(dangling), offsets, node_seg
 
 
 def segment_power_ppr(
@@ -664,12 +677,40 @@ def segment_power_ppr(
         keys: shape (B, M), bool. Keys (entries of the personalization, even at weight 0).
         ok: shape (B,), bool. Queries that run.
     """
+    (out,) = segment_power_ppr_channels(
+        union, config, agents, weights, keys, [ok], undirected=[undirected]
+    )
+    return out
+
+
+def segment_power_ppr_channels(
+    union: UnionSnapshot,
+    config: Any,
+    agents: Tensor,
+    weights: Tensor,
+    keys: Tensor,
+    oks: Sequence[Tensor],
+    *,
+    undirected: Sequence[bool],
+) -> list[Tensor]:
+    """:func:`segment_power_ppr` on several operators (``undirected[c]`` picks channel ``c``'s)
+    with the same personalization, as ONE iteration: the channels' restricted operators are
+    stacked block-diagonally, so each step is one sparse product and one dangling pass for
+    all of them. Channel ``c`` answers the rows ``oks[c]`` (the others stay zero); every
+    (channel, agent, column) is its own segment, so the results equal separate runs."""
+    if len(oks) != len(undirected) or not oks:
+        found = f"{len(oks)} / {len(undirected)}"
+        raise ValidationError(f"oks / undirected: expected one flag per channel, found {found}")
     b, m = weights.shape
     device = weights.device
-    out = torch.zeros(b, m, dtype=_F64, device=device)
-    rows = ok.nonzero().reshape(-1)
+    outs = [torch.zeros(b, m, dtype=_F64, device=device) for _ in oks]
+    any_ok = oks[0].clone()
+    for o in oks[1:]:
+        any_ok |= o
+    rows = any_ok.nonzero().reshape(-1)
     if rows.numel() == 0 or m == 0:
-        return out
+        return outs
+    nch = len(oks)
     d = float(config.damping_factor)
     steps = power_iteration_steps(d, config.power_tol)
     dtype = torch.float32 if config.power_dtype == "float32" else _F64
@@ -689,9 +730,10 @@ def segment_power_ppr(
     seg = torch.empty_like(inverse)
     seg[order] = inverse  # position of each query's agent in ``involved``
     ncols = int(counts.max())
-    op = union_transition(union, config, undirected=undirected)
-    transpose, dangling, offsets, node_seg = _sub_operator(union, op, involved)
+    ops = [union_transition(union, config, undirected=u) for u in undirected]
+    transpose, dangling, offsets, node_seg = _sub_operators(union, ops, involved)
     s = int(node_seg.numel())
+    na = int(involved.numel())
     # personalization (S, C): entry (offset[seg] + i, col) = weights[row, i]
     w = weights.index_select(0, rows)
     k = keys.index_select(0, rows)
@@ -704,18 +746,19 @@ def segment_power_ppr(
     node = offsets[seg[kr]] + ki
     restart = torch.zeros(s, ncols, dtype=_F64, device=device)
     restart[node, col[kr]] = restart_rows[kr, ki]
-    key_flat = node * ncols + col[kr]
-    seg_cols = involved.numel() * ncols
     key_segcol = seg[kr] * ncols + col[kr]  # (agent, column) segment of each key
-    n_src = torch.bincount(key_segcol, minlength=seg_cols).to(_F64)
-    x = restart.to(dtype)
+    n_src = torch.bincount(key_segcol, minlength=na * ncols).to(_F64)
+    x = restart.to(dtype).repeat(nch, 1) if nch > 1 else restart.to(dtype)
     restart_t = x
     if steps > 0 and d > 0.0:
         t = transpose if transpose.dtype == dtype else transpose.to(dtype)
         has_dangling = dangling.numel() > 0
         if has_dangling:
-            key_share = (d / n_src[key_segcol]).to(dtype)
-            dseg = node_seg.index_select(0, dangling)
+            # channel c's keys and segments: shifted by c·S nodes / c·len(involved) agents
+            key_flat = torch.cat([(node + c * s) * ncols + col[kr] for c in range(nch)])
+            key_all = torch.cat([key_segcol + c * na * ncols for c in range(nch)])
+            key_share = (d / n_src[key_segcol]).to(dtype).repeat(nch)
+            dseg = (dangling // s) * na + node_seg.index_select(0, dangling % s)
         buffers = [torch.empty_like(x), torch.empty_like(x)]
         for step in range(steps):
             nxt = buffers[step % 2]
@@ -724,26 +767,27 @@ def segment_power_ppr(
             else:
                 torch.addmm(restart_t, t, x, alpha=d, out=nxt)
             if has_dangling:
-                lost = torch.zeros(involved.numel(), ncols, dtype=dtype, device=device)
+                lost = torch.zeros(nch * na, ncols, dtype=dtype, device=device)
                 lost.index_add_(0, dseg, x.index_select(0, dangling))
-                nxt.view(-1).index_add_(0, key_flat, key_share * lost.view(-1)[key_segcol])
+                nxt.view(-1).index_add_(0, key_flat, key_share * lost.view(-1)[key_all])
             x = nxt
     x = x.to(_F64)
-    # per (agent, column) normalization, rows added in note order
-    sums = torch.zeros(involved.numel(), ncols, dtype=_F64, device=device).index_add_(
-        0, node_seg, x
-    )
+    # per (channel, agent, column) normalization, rows added in note order
+    seg_all = torch.cat([node_seg + c * na for c in range(nch)]) if nch > 1 else node_seg
+    sums = torch.zeros(nch * na, ncols, dtype=_F64, device=device).index_add_(0, seg_all, x)
     # gather each query's block back into its candidate row
     sizes = union.sizes.index_select(0, a)
     ar = torch.arange(m, device=device)
     valid = ar.unsqueeze(0) < sizes.unsqueeze(1)
     src = offsets[seg].unsqueeze(1) + ar.unsqueeze(0)
     src = torch.where(valid, src, 0)
-    vals = x[src, col.unsqueeze(1).expand_as(src)]
-    tot = sums[seg, col].unsqueeze(1)
-    vals = torch.where(tot != 0, vals / torch.where(tot != 0, tot, 1.0), vals)
-    out[rows] = torch.where(valid, vals, 0.0)
-    return out
+    colx = col.unsqueeze(1).expand_as(src)
+    for c, (out, ok) in enumerate(zip(outs, oks)):
+        vals = x[src + c * s, colx]
+        tot = sums[seg + c * na, col].unsqueeze(1)
+        vals = torch.where(tot != 0, vals / torch.where(tot != 0, tot, 1.0), vals)
+        out[rows] = torch.where(valid & ok.index_select(0, rows).unsqueeze(1), vals, 0.0)
+    return outs
 
 
 # ------------------------------------------------------------------------------------------
