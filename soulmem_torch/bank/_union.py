@@ -654,6 +654,28 @@ def _sub_operators(
     return transpose, torch.cat(dangling), offsets, node_seg
 
 
+USE_SCIPY = True
+"""Run the CPU power iteration's matrix-vector products with scipy when it is installed
+(the same per-row sums in CSR order; ~20% faster than ``torch.mv`` at one thread). ``False``:
+always ``torch.mv`` (the tests compare the two)."""
+
+
+def _host_csr(t: Tensor) -> Any:
+    """``t`` (a CPU CSR tensor) as a scipy ``csr_matrix`` sharing its memory, or ``None`` (not
+    on the CPU, scipy missing, or :data:`USE_SCIPY` off)."""
+    if not USE_SCIPY or t.device.type != "cpu":
+        return None
+    try:
+        from scipy.sparse import csr_matrix
+    except ImportError:
+        return None
+    return csr_matrix(
+        (t.values().numpy(), t.col_indices().numpy(), t.crow_indices().numpy()),
+        shape=tuple(t.shape),
+        copy=False,
+    )
+
+
 def segment_power_ppr(
     union: UnionSnapshot,
     config: Any,
@@ -760,9 +782,13 @@ def segment_power_ppr_channels(
             key_share = (d / n_src[key_segcol]).to(dtype).repeat(nch)
             dseg = (dangling // s) * na + node_seg.index_select(0, dangling % s)
         buffers = [torch.empty_like(x), torch.empty_like(x)]
+        host = _host_csr(t) if ncols == 1 else None
         for step in range(steps):
             nxt = buffers[step % 2]
-            if ncols == 1:  # a sparse matrix-vector product is ~20% faster than addmm on CPU
+            if host is not None:  # scipy's CSR product: ~20% faster than torch.mv on CPU
+                y = torch.from_numpy(host @ x.view(-1).numpy())
+                torch.add(restart_t, y.unsqueeze(1), alpha=d, out=nxt)
+            elif ncols == 1:  # a sparse matrix-vector product is ~20% faster than addmm on CPU
                 torch.add(restart_t, torch.mv(t, x.view(-1)).unsqueeze(1), alpha=d, out=nxt)
             else:
                 torch.addmm(restart_t, t, x, alpha=d, out=nxt)

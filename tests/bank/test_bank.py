@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from soulmem_torch import HashingEmbedder, MemoryBank, SoulMem
 from soulmem_torch.bank import _union
-from soulmem_torch.bank._union import segment_power_ppr
+from soulmem_torch.bank._union import segment_power_ppr, segment_power_ppr_channels
 from soulmem_torch.errors import ConfigError, NotFoundError, SoulMemError, ValidationError
 from soulmem_torch.retrieve import DefaultPipelineConfig, RetrDefaultPipeline
 from soulmem_torch.retrieve._engine import run_association
@@ -155,6 +155,50 @@ def test_union_power_iteration_equals_per_agent_kernel(device, sizes, rows, seed
         want, _ = run_association(g, weights[b, :n, None], keys[b, :n, None], cfg)
         assert torch.allclose(got[b, :n], want[:, 0], atol=tol, rtol=0)
         assert bool((got[b, n:] == 0).all())
+
+
+@pytest.mark.parametrize("per_agent", [1, 2])
+def test_stacked_channels_equal_separate_runs(device, monkeypatch, per_agent) -> None:
+    """graph + graph_undirected as one stacked iteration equal the two separate runs (each
+    channel answering only its own rows), and the scipy product equals ``torch.mv``
+    (``per_agent`` 1: one column, the matrix-vector path; 2: two columns)."""
+    sizes = [7, 12, 1, 9, 15]
+    bank = MemoryBank(embedder=HashingEmbedder(dim=4), device=device)
+    for a, n in enumerate(sizes):
+        bank.add_agent_graph(f"g{a}", random_agent_graph(n, 2 * n, 4, 40 + a))
+    union = bank.union()
+    positions = [p for p in range(len(sizes)) for _ in range(per_agent)]
+    agents = torch.tensor(positions, device=device)
+    m = max(sizes)
+    gen = torch.Generator().manual_seed(3)
+    weights = torch.rand(len(positions), m, generator=gen, dtype=torch.float64)
+    keys = torch.rand(len(positions), m, generator=gen) < 0.4
+    for b, p in enumerate(positions):
+        keys[b, sizes[p] :] = False
+        keys[b, 0] = True
+    weights = torch.where(keys, weights, 0.0).to(device)
+    keys = keys.to(device)
+    cfg = AssociationConfig(method="power", power_tol=1e-9)
+    ok = keys.any(1) & (weights.sum(1) > 0)
+    only_some = ok.clone()
+    only_some[1::2] = False  # the directed channel answers every other row only
+    runs = {}
+    for use_scipy in (False, True):
+        monkeypatch.setattr(_union, "USE_SCIPY", use_scipy)
+        runs[use_scipy] = segment_power_ppr_channels(
+            union, cfg, agents, weights, keys, [only_some, ok], undirected=[False, True]
+        )
+        directed = segment_power_ppr(union, cfg, agents, weights, keys, only_some)
+        both = segment_power_ppr(union, cfg, agents, weights, keys, ok, undirected=True)
+        # (equal up to rounding: a channel run alone may take fewer columns, another kernel)
+        assert torch.allclose(runs[use_scipy][0], directed, atol=1e-12, rtol=0)
+        assert torch.allclose(runs[use_scipy][1], both, atol=1e-12, rtol=0)
+        assert bool((directed[1::2] == 0).all()) and bool((directed[0::2] > 0).any())
+        assert not torch.equal(directed[0::2], both[0::2])  # two different operators
+    for a, b in zip(runs[False], runs[True]):
+        assert torch.allclose(a, b, atol=1e-12, rtol=0)
+    with pytest.raises(ValidationError, match="one flag per channel"):
+        segment_power_ppr_channels(union, cfg, agents, weights, keys, [ok], undirected=[])
 
 
 def test_one_sparse_product_for_many_agents_shares_columns(device) -> None:
