@@ -781,6 +781,11 @@ def segment_power_ppr_channels(
             key_all = torch.cat([key_segcol + c * na * ncols for c in range(nch)])
             key_share = (d / n_src[key_segcol]).to(dtype).repeat(nch)
             dseg = (dangling // s) * na + node_seg.index_select(0, dangling % s)
+            # only the keys of (channel, agent) blocks with a dangling note get a share (the
+            # others would add an exact 0): the undirected channel has almost none
+            gets = torch.bincount(dseg, minlength=nch * na).index_select(0, key_all // ncols) > 0
+            key_flat, key_all, key_share = key_flat[gets], key_all[gets], key_share[gets]
+            lost = torch.zeros(nch * na, ncols, dtype=dtype, device=device)
         buffers = [torch.empty_like(x), torch.empty_like(x)]
         host = _host_csr(t) if ncols == 1 else None
         for step in range(steps):
@@ -793,9 +798,9 @@ def segment_power_ppr_channels(
             else:
                 torch.addmm(restart_t, t, x, alpha=d, out=nxt)
             if has_dangling:
-                lost = torch.zeros(nch * na, ncols, dtype=dtype, device=device)
-                lost.index_add_(0, dseg, x.index_select(0, dangling))
-                nxt.view(-1).index_add_(0, key_flat, key_share * lost.view(-1)[key_all])
+                lost.zero_().index_add_(0, dseg, x.index_select(0, dangling))
+                share = lost.view(-1).index_select(0, key_all).mul_(key_share)
+                nxt.view(-1).index_add_(0, key_flat, share)
             x = nxt
     x = x.to(_F64)
     # per (channel, agent, column) normalization, rows added in note order
