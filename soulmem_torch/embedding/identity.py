@@ -32,14 +32,9 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import importlib
-import importlib.util
 import math
-import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -256,41 +251,9 @@ def parse_embedder_spec(text: str) -> str:
 
 
 def _import_function(spec: str) -> Any:
-    module_name, _, attr = spec.rpartition(":")
-    try:
-        if module_name.endswith(".py") or os.sep in module_name or "/" in module_name:
-            file = Path(module_name)
-            if not file.is_file():
-                raise ValidationError(f"embedder {spec}: no such file {module_name!r}")
-            name = (
-                f"_soulmem_embedder_{hashlib.sha256(str(file.resolve()).encode()).hexdigest()[:12]}"
-            )
-            mod_spec = importlib.util.spec_from_file_location(name, file)
-            if mod_spec is None or mod_spec.loader is None:
-                raise ValidationError(f"embedder {spec}: cannot load {module_name!r} as a module")
-            module = importlib.util.module_from_spec(mod_spec)
-            sys.modules[name] = module
-            mod_spec.loader.exec_module(module)
-        else:
-            if os.getcwd() not in sys.path and "" not in sys.path:
-                sys.path.insert(0, os.getcwd())  # as `python -m` does: modules next to you
-            module = importlib.import_module(module_name)
-    except ValidationError:
-        raise
-    except ModuleNotFoundError as exc:
-        raise ValidationError(
-            f"embedder {spec}: cannot import module {module_name!r} ({exc}); is it on PYTHONPATH?"
-        ) from None
-    except Exception as exc:  # the user's module raised while importing
-        raise ValidationError(
-            f"embedder {spec}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
-        ) from None
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValidationError(f"embedder {spec}: module {module_name!r} has no {attr!r}")
-        obj = getattr(obj, part)
-    return obj
+    from soulmem_torch._imports import import_object
+
+    return import_object(spec, what="embedder")
 
 
 def embedder_from_spec(spec: str, **st_options: Any) -> Any:

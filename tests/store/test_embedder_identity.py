@@ -210,7 +210,7 @@ def test_embedder_from_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         ("my_embedders:broken", "calling it raised RuntimeError: no model here"),
         ("my_embedders:not_an_embedder", "expected the function to return an Embedder"),
         ("my_embedders:VALUE", "expected a function returning an Embedder, found int"),
-        ("my_embedders:missing", "has no 'missing'"),
+        ("my_embedders:missing", "has no attribute 'missing'"),
         ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
         (f"{tmp_path}/absent.py:f", "no such file"),
     ]:
