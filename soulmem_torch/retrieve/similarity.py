@@ -57,16 +57,16 @@ def _notes_of(memory: MemorySource) -> list[Any] | None:
 
 
 def _identifier_index(graph: MemoryGraph, memory: MemorySource) -> Any:
-    """The exact-identifier index of the notes, built once per snapshot (None without notes)."""
+    """The exact-identifier index of the notes, built once per snapshot (None without notes;
+    that is not cached, so a later call that knows the notes still builds the index)."""
     key = "identifier_index"
     if key not in graph.cache:
         notes = _notes_of(memory)
         if notes is None or len(notes) != int(graph.num_nodes):
-            graph.cache[key] = None
-        else:
-            from soulmem_torch.embedding.identifiers import build_identifier_index
+            return None
+        from soulmem_torch.embedding.identifiers import build_identifier_index
 
-            graph.cache[key] = build_identifier_index(notes)
+        graph.cache[key] = build_identifier_index(notes)
     return graph.cache[key]
 
 

@@ -386,3 +386,19 @@ def test_empty_memory_and_plain_queries() -> None:
     hit, zero = RetrDefaultPipeline().retrieve_batch(reqs)
     assert hit.association[0][0] == wm.cluster.ids()[2] and hit.seeds[0][0] == wm.cluster.ids()[2]
     assert zero.seeds == [] and zero.action == []  # nothing scored: no seed, no association
+
+
+def test_string_channel_index_is_built_once_the_notes_are_known() -> None:
+    # a first call with a bare snapshot (no notes) must not cache "no index" for the snapshot
+    from soulmem_torch.graph import MemoryGraph
+    from soulmem_torch.retrieve.similarity import similarity_scores
+
+    wm, _, embedder = _plain_world()
+    q = MemoryRetrieveQuery.semantic([{"concept_identifier": "cafe"}])
+    graph = wm.graph()
+    similarity_scores(graph, graph, [q], embedder=embedder)  # bare: no string channel
+    after_bare = similarity_scores(graph, wm, [q], embedder=embedder)
+    fresh = MemoryGraph.of(wm.cluster, None)
+    fresh.cache.clear()
+    expected = similarity_scores(fresh, wm, [q], embedder=embedder)
+    assert torch.equal(after_bare, expected)
