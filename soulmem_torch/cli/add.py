@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from soulmem_torch.cli._args import _rfc3339_arg, common_parent
+from soulmem_torch.cli._args import _non_negative_float, _rfc3339_arg, common_parent
 from soulmem_torch.cli._errors import EXIT_OK, EXIT_USAGE, CLIError
 from soulmem_torch.cli._memory import (
     _embed_with_progress,
@@ -46,16 +46,6 @@ def _unit_float(text: str) -> float:
         value = float("nan")
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1], found {text!r}")
-    return value
-
-
-def _intensity(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (value >= 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, found {text!r}")
     return value
 
 
@@ -424,7 +414,7 @@ def add_parser(sub: Any) -> None:
         help="a situation link (episode -> pattern, or pattern -> episode)",
     )
     link.add_argument(
-        "--intensity", type=_intensity, metavar="X", help="link intensity >= 0 (default 1)"
+        "--intensity", type=_non_negative_float, metavar="X", help="link intensity >= 0 (default 1)"
     )
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.set_defaults(func=cmd_add)
