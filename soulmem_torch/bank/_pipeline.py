@@ -35,6 +35,7 @@ from soulmem_torch.errors import ConfigError, ValidationError
 from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SPECIFIC
 from soulmem_torch.functional.fusion import rank_fusion, relative_seeds
 from soulmem_torch.functional.topk import stable_topk
+from soulmem_torch.retrieve._gcpause import gc_paused
 
 __all__ = ["run_pipeline", "supported_config"]
 
@@ -322,6 +323,7 @@ def _association(
     return scores, ok, both
 
 
+@gc_paused()
 def run_pipeline(
     union: UnionSnapshot,
     positions: Sequence[int],
@@ -348,33 +350,6 @@ def run_pipeline(
         embedder: embeds texts and structured queries.
         weights: ``BlendWeights``; ``None`` → defaults.
     """
-    from soulmem_torch.retrieve._gcpause import gc_paused
-
-    with gc_paused():
-        return _run_pipeline(
-            union,
-            positions,
-            queries,
-            config,
-            priorities=priorities,
-            memories=memories,
-            embedder=embedder,
-            weights=weights,
-        )
-
-
-def _run_pipeline(
-    union: UnionSnapshot,
-    positions: Sequence[int],
-    queries: Sequence[Any],
-    config: Any,
-    *,
-    priorities: Sequence[int],
-    memories: Sequence[Any],
-    embedder: Any,
-    weights: Any = None,
-) -> list[Any]:
-    """:func:`run_pipeline`'s body."""
     from soulmem_torch.retrieve import DefaultPipelineResult
     from soulmem_torch.retrieve.short_only import RetrShortOnly
     from soulmem_torch.retrieve.similarity import effective_weights

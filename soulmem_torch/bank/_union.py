@@ -35,6 +35,7 @@ from soulmem_torch.functional.edge_weights import dynamic_edge_weight
 from soulmem_torch.functional.fusion import undirected_edges
 from soulmem_torch.functional.ppr import build_transition, power_iteration_steps
 from soulmem_torch.functional.similarity import BlendWeights, normalize_rows
+from soulmem_torch.retrieve._engine import _weight_key
 
 __all__ = ["UnionSnapshot", "build_union"]
 
@@ -448,14 +449,6 @@ def grouped_structured_similarity(
 # ------------------------------------------------------------------------------------------
 
 
-def _weight_key(config: Any) -> tuple[Any, ...]:
-    return (
-        config.preference.boosts,
-        config.resolved_intensity_factor,
-        config.resolved_confidence_factor,
-    )
-
-
 @dataclass(frozen=True, eq=False)
 class UnionOperator:
     """What the union's PPR reads of a transition operator: ``transpose`` (N, N) CSR ``P^T``
@@ -549,29 +542,8 @@ def union_transition(union: UnionSnapshot, config: Any, *, undirected: bool = Fa
     ways (:func:`~soulmem_torch.functional.fusion.undirected_edges`, the fused default's
     ``graph_undirected`` channel), spliced the same way (each changed agent's own
     ``retrieve.pipeline.undirected_transition``)."""
-    if undirected:
-        key = ("transition_undirected", *_weight_key(config))
-        op = union.cache.get(key)
-        if op is None:
-            op = _splice(union, key, config)
-            if op is not None:
-                union.cache[key] = op
-        if op is None:
-            w = dynamic_edge_weight(
-                union.edge_index,
-                union.edge_kind,
-                union.intensity,
-                union.confidence,
-                union.node_type,
-                preference=config.preference.boosts,
-                intensity_factor=config.resolved_intensity_factor,
-                confidence_factor=config.resolved_confidence_factor,
-            )
-            edge_index, w = undirected_edges(union.edge_index, w)
-            full = build_transition(edge_index, w, num_nodes=union.num_nodes)
-            op = union.cache[key] = UnionOperator(full.transpose, full.out_degree)
-        return op
-    key = ("transition", *_weight_key(config))
+    name = "transition_undirected" if undirected else "transition"
+    key = (name, *_weight_key(config))
     op = union.cache.get(key)
     if op is None:
         op = _splice(union, key, config)
@@ -586,7 +558,10 @@ def union_transition(union: UnionSnapshot, config: Any, *, undirected: bool = Fa
             intensity_factor=config.resolved_intensity_factor,
             confidence_factor=config.resolved_confidence_factor,
         )
-        full = build_transition(union.edge_index, w, num_nodes=union.num_nodes)
+        edge_index = union.edge_index
+        if undirected:
+            edge_index, w = undirected_edges(edge_index, w)
+        full = build_transition(edge_index, w, num_nodes=union.num_nodes)
         op = UnionOperator(full.transpose, full.out_degree)
     union.cache[key] = op
     return op
