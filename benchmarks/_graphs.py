@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,10 +42,12 @@ import torch
 from torch import Tensor
 
 from soulmem_torch.functional.codes import (
+    LINK_PROC,
     LINK_SEM,
     LINK_SIT_ABSTRACT_TO_SPECIFIC,
     LINK_SIT_SPECIFIC_TO_ABSTRACT,
     NODE_ABSTRACT,
+    NODE_PROCEDURE,
     NODE_SEMANTIC,
     NODE_SPECIFIC,
 )
@@ -68,6 +71,7 @@ __all__ = [
     "reference_power",
     "reference_ppr",
     "seed_batch",
+    "synthetic_memory_graph",
     "topk_overlap",
 ]
 
@@ -180,6 +184,46 @@ def memory_graph(edge_index: Tensor, num_nodes: int, *, seed: int = 0) -> Memory
         intensity=intensity.to(device),
         confidence=confidence.to(device),
     )
+
+
+def synthetic_memory_graph(
+    num_notes: int,
+    tag_emb: Callable[[torch.Generator], Tensor],
+    *,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> MemoryGraph:
+    """A synthetic agent memory of every note kind (40% Semantic, 35% Specific, 20% Abstract,
+    5% Procedure) over a Chung–Lu graph with 5 links per note (links into a Procedure note are
+    triggers), intensities in [0.1, 1], confidences and probabilities in [0, 1] and one tag
+    vector per note from ``tag_emb(gen)`` (drawn from the same seeded generator, after the
+    link kinds), on ``device``; its ids are materialized."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.rand(num_notes, generator=gen)
+    node_type = torch.full((num_notes,), NODE_SEMANTIC, dtype=torch.int64)
+    node_type[u >= 0.40] = NODE_SPECIFIC
+    node_type[u >= 0.75] = NODE_ABSTRACT
+    node_type[u >= 0.95] = NODE_PROCEDURE
+    edges = chung_lu_edges(num_notes, 5 * num_notes, seed=seed)
+    num_edges = edges.shape[1]
+    kind = _EDGE_KINDS[torch.randint(0, 3, (num_edges,), generator=gen)]
+    kind = torch.where(node_type[edges[1]] == NODE_PROCEDURE, LINK_PROC, kind)
+    tag = tag_emb(gen)
+    intensity = 0.1 + 0.9 * torch.rand(num_edges, generator=gen, dtype=torch.float64)
+    confidence = torch.rand(num_edges, generator=gen)
+    prob = torch.rand(num_edges, generator=gen, dtype=torch.float64)
+    graph = MemoryGraph.from_tensors(
+        edges.to(device),
+        num_nodes=num_notes,
+        edge_kind=kind.to(device),
+        node_type=node_type.to(device),
+        intensity=intensity.to(device),
+        confidence=confidence.to(device),
+        prob=prob.to(device),
+        tag_emb=tag.to(device),
+    )
+    _ = graph.ids  # materialize the ids once (outside any timed call)
+    return graph
 
 
 def original_graph(num_nodes: int) -> MemoryGraph:

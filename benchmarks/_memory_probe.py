@@ -26,16 +26,6 @@ from typing import Any
 import torch
 
 from benchmarks import _graphs
-from soulmem_torch.functional.codes import (
-    LINK_PROC,
-    LINK_SEM,
-    LINK_SIT_ABSTRACT_TO_SPECIFIC,
-    LINK_SIT_SPECIFIC_TO_ABSTRACT,
-    NODE_ABSTRACT,
-    NODE_PROCEDURE,
-    NODE_SEMANTIC,
-    NODE_SPECIFIC,
-)
 from soulmem_torch.graph import MemoryGraph
 
 __all__ = ["hwm_bytes", "reset_hwm", "rss_bytes", "synthetic_plain_memory"]
@@ -64,31 +54,12 @@ def reset_hwm() -> None:
 
 
 def synthetic_plain_memory(num_notes: int, dim: int, *, seed: int = 0) -> MemoryGraph:
-    gen = torch.Generator().manual_seed(seed)
-    u = torch.rand(num_notes, generator=gen)
-    node_type = torch.full((num_notes,), NODE_SEMANTIC, dtype=torch.int64)
-    node_type[u >= 0.40] = NODE_SPECIFIC
-    node_type[u >= 0.75] = NODE_ABSTRACT
-    node_type[u >= 0.95] = NODE_PROCEDURE
-    edges = _graphs.chung_lu_edges(num_notes, 5 * num_notes, seed=seed)
-    num_edges = edges.shape[1]
-    kinds = torch.tensor([LINK_SEM, LINK_SIT_ABSTRACT_TO_SPECIFIC, LINK_SIT_SPECIFIC_TO_ABSTRACT])
-    kind = kinds[torch.randint(0, 3, (num_edges,), generator=gen)]
-    kind = torch.where(node_type[edges[1]] == NODE_PROCEDURE, LINK_PROC, kind)
-    tag = torch.randn(num_notes, dim, generator=gen)
-    tag /= tag.norm(dim=1, keepdim=True)
-    graph = MemoryGraph.from_tensors(
-        edges,
-        num_nodes=num_notes,
-        edge_kind=kind,
-        node_type=node_type,
-        intensity=0.1 + 0.9 * torch.rand(num_edges, generator=gen, dtype=torch.float64),
-        confidence=torch.rand(num_edges, generator=gen),
-        prob=torch.rand(num_edges, generator=gen, dtype=torch.float64),
-        tag_emb=tag,
-    )
-    _ = graph.ids
-    return graph
+
+    def tag_emb(gen: torch.Generator) -> torch.Tensor:
+        tag = torch.randn(num_notes, dim, generator=gen)
+        return tag / tag.norm(dim=1, keepdim=True)
+
+    return _graphs.synthetic_memory_graph(num_notes, tag_emb, seed=seed)
 
 
 def _tensor_bytes(values: Any) -> int:

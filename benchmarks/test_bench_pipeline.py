@@ -25,16 +25,6 @@ import pytest
 import torch
 
 from benchmarks import _graphs, _harness
-from soulmem_torch.functional.codes import (
-    LINK_PROC,
-    LINK_SEM,
-    LINK_SIT_ABSTRACT_TO_SPECIFIC,
-    LINK_SIT_SPECIFIC_TO_ABSTRACT,
-    NODE_ABSTRACT,
-    NODE_PROCEDURE,
-    NODE_SEMANTIC,
-    NODE_SPECIFIC,
-)
 from soulmem_torch.graph import MemoryGraph
 from soulmem_torch.retrieve import (
     AssociateWithActionConfig,
@@ -55,39 +45,18 @@ _CACHE: dict[tuple, object] = {}
 
 def synthetic_memory(num_notes: int, *, device: torch.device | str = "cpu", seed: int = 0):
     """The synthetic memory graph described in the module docstring, on ``device``."""
-    gen = torch.Generator().manual_seed(seed)
-    u = torch.rand(num_notes, generator=gen)
-    node_type = torch.full((num_notes,), NODE_SEMANTIC, dtype=torch.int64)
-    node_type[u >= 0.40] = NODE_SPECIFIC
-    node_type[u >= 0.75] = NODE_ABSTRACT
-    node_type[u >= 0.95] = NODE_PROCEDURE
-    edges = _graphs.chung_lu_edges(num_notes, 5 * num_notes, seed=seed)
-    num_edges = edges.shape[1]
-    kinds = torch.tensor([LINK_SEM, LINK_SIT_ABSTRACT_TO_SPECIFIC, LINK_SIT_SPECIFIC_TO_ABSTRACT])
-    kind = kinds[torch.randint(0, 3, (num_edges,), generator=gen)]
-    to_proc = node_type[edges[1]] == NODE_PROCEDURE
-    kind = torch.where(to_proc, LINK_PROC, kind)
-    basis = torch.randn(RANK, DIM, generator=gen) / RANK**0.5
-    tag = torch.empty(num_notes, DIM)
-    for start in range(0, num_notes, 1 << 17):
-        stop = min(num_notes, start + (1 << 17))
-        rows = torch.randn(stop - start, RANK, generator=gen) @ basis
-        rows += 0.3 * torch.randn(stop - start, DIM, generator=gen)
-        tag[start:stop] = rows / rows.norm(dim=1, keepdim=True)
-    graph = MemoryGraph.from_tensors(
-        edges.to(device),
-        num_nodes=num_notes,
-        edge_kind=kind.to(device),
-        node_type=node_type.to(device),
-        intensity=(0.1 + 0.9 * torch.rand(num_edges, generator=gen, dtype=torch.float64)).to(
-            device
-        ),
-        confidence=torch.rand(num_edges, generator=gen).to(device),
-        prob=torch.rand(num_edges, generator=gen, dtype=torch.float64).to(device),
-        tag_emb=tag.to(device),
-    )
-    _ = graph.ids  # materialize the ids once (outside any timed call)
-    return graph
+
+    def tag_emb(gen: torch.Generator) -> torch.Tensor:  # low-rank + noise: clustered topics
+        basis = torch.randn(RANK, DIM, generator=gen) / RANK**0.5
+        tag = torch.empty(num_notes, DIM)
+        for start in range(0, num_notes, 1 << 17):
+            stop = min(num_notes, start + (1 << 17))
+            rows = torch.randn(stop - start, RANK, generator=gen) @ basis
+            rows += 0.3 * torch.randn(stop - start, DIM, generator=gen)
+            tag[start:stop] = rows / rows.norm(dim=1, keepdim=True)
+        return tag
+
+    return _graphs.synthetic_memory_graph(num_notes, tag_emb, device=device, seed=seed)
 
 
 def _memory(size: str, device: str) -> MemoryGraph:
