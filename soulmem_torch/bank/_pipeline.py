@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from soulmem_torch.bank._dense import segment_dense_ppr
 from soulmem_torch.bank._union import (
     UnionSnapshot,
     candidate_bayes,
@@ -49,6 +50,7 @@ _KNOWN_FIELDS = {
     "assoc_with_action.association": {
         "type", "intensity_factor", "confidence_factor", "damping_factor", "residue_threshold",
         "preference", "top_k", "method", "power_tol", "power_dtype", "power_local",
+        "power_dense_max_nodes",
     },
     "": {
         "short_mem_with_history", "similarity", "assoc_with_action", "merge_top_k", "fusion",
@@ -297,15 +299,23 @@ def _association(
         dtype=torch.bool,
         device=union.device,
     )
-    if undirected:
-        scores, both = segment_power_ppr_channels(
-            union, config, agents, weights, keys, [ok & is_power, ok], undirected=[False, True]
+    # ``power`` is the exact dense solve for small agents (as ``_engine.power_ppr``)
+    dense = union.sizes.index_select(0, agents) <= config.power_dense_max_nodes
+    oks = [ok & is_power & ~dense] + ([ok & ~dense] if undirected else [])
+    flags = [False, True] if undirected else [False]
+    if any(bool(o.any()) for o in oks):
+        outs = segment_power_ppr_channels(
+            union, config, agents, weights, keys, oks, undirected=flags
         )
     else:
-        (scores,) = segment_power_ppr_channels(
-            union, config, agents, weights, keys, [ok & is_power], undirected=[False]
-        )
-        both = None
+        outs = [torch.zeros(weights.shape, dtype=torch.float64, device=union.device) for _ in oks]
+    for c, flag in enumerate(flags):
+        rows = ok & dense & (is_power | flag)
+        if bool(rows.any()):
+            exact = segment_dense_ppr(union, config, agents, weights, keys, rows, undirected=flag)
+            outs[c] = torch.where(rows.unsqueeze(1), exact, outs[c])
+    scores = outs[0]
+    both = outs[1] if undirected else None
     other = (ok & ~is_power).nonzero().reshape(-1).tolist()
     if other:
         groups: dict[int, list[int]] = {}

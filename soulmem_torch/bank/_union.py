@@ -463,6 +463,9 @@ def carry_operators(new: UnionSnapshot, old: UnionSnapshot | None, changed: Sequ
     already in ``old``) keep their rows, only shifted; ``old`` itself is not kept alive."""
     if old is None:
         return
+    from soulmem_torch.bank._dense import carry_dense
+
+    carry_dense(new, old, list(changed))
     ops = {
         k: v
         for k, v in old.cache.items()

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from soulmem_torch.errors import ValidationError
+from soulmem_torch.functional.topk import SORT_MAX_ROW, stable_argsort_desc, stable_topk
 
 __all__ = [
     "BM25_B",
@@ -103,11 +104,7 @@ def reciprocal_rank(
     real = _mask_of(scores, mask)
     s = scores.to(torch.float64)
     positive = real & torch.isfinite(s) & (s > 0)
-    key = torch.where(positive, s, torch.full_like(s, float("-inf")))
-    order = torch.sort(key, dim=1, descending=True, stable=True).indices
-    rank = torch.empty_like(order)
-    arange = torch.arange(1, s.shape[1] + 1, device=s.device).expand_as(order)
-    rank.scatter_(1, order, arange.contiguous())
+    rank = _positive_ranks(s, positive)
     if unscored == "zero":
         rest = torch.zeros((), dtype=torch.float64, device=s.device)
     else:
@@ -116,6 +113,33 @@ def reciprocal_rank(
         rest = 1.0 / (k + n_pos + (n_rest + 1.0) / 2.0)
     rr = torch.where(positive, 1.0 / (k + rank.to(torch.float64)), rest)
     return torch.where(real, rr, torch.zeros_like(rr))
+
+
+def _first_sorted(key: Tensor, k: int) -> Tensor:
+    """Column indices of the first ``k`` entries of each row's stable descending sort of
+    ``key`` (no NaN; ``-inf`` = not selectable, order among them unspecified), in that order:
+    one sort for short rows or large ``k``, else
+    :func:`~soulmem_torch.functional.topk.stable_topk` (the same entries, O(size) per row)."""
+    if key.shape[1] <= SORT_MAX_ROW or 4 * k > key.shape[1]:
+        return stable_argsort_desc(key)[:, :k]
+    return stable_topk(key, k)[1]
+
+
+def _positive_ranks(s: Tensor, positive: Tensor) -> Tensor:
+    """(B, N) int64: each positive entry's 1-based rank among its row's positive entries
+    (descending; equal scores: lower column first). Other entries: unspecified."""
+    b, n = s.shape
+    if n == 0 or b == 0:
+        return torch.zeros(b, n, dtype=torch.int64, device=s.device)
+    most = int(positive.sum(dim=1).max())
+    rank = torch.zeros(b, n, dtype=torch.int64, device=s.device)
+    if most == 0:
+        return rank
+    key = torch.where(positive, s, torch.full_like(s, float("-inf")))
+    order = _first_sorted(key, most)
+    arange = torch.arange(1, most + 1, device=s.device).expand_as(order)
+    rank.scatter_(1, order, arange.contiguous())
+    return rank
 
 
 def rank_fusion(
@@ -184,7 +208,7 @@ def relative_seeds(
     ok = ok & (key >= best * ratio)
     m = min(int(max_seeds), scores.shape[1])
     if m < scores.shape[1]:
-        order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :m]
+        order = _first_sorted(key, m)
         top = torch.zeros_like(ok)
         top.scatter_(1, order, True)
         ok = ok & top

@@ -2,12 +2,47 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from soulmem_torch.errors import ValidationError
 
-__all__ = ["stable_topk"]
+__all__ = ["stable_argsort_desc", "stable_topk"]
+
+SORT_MAX_ROW = 2048
+"""Rows up to this long take the sort route on the CPU (:func:`stable_argsort_desc`): numpy's
+quicksort of a (1000, 100) block takes ~0.4 ms where ``torch.sort(stable=True)`` takes ~2.9 ms
+and the top-k route ~2 ms; longer rows use the O(size) top-k route."""
+
+
+def stable_argsort_desc(key: Tensor) -> Tensor:
+    """Indices of a stable descending sort of each row of a 2-D ``key`` (ties: lower column
+    first), as ``torch.sort(key, dim=1, descending=True, stable=True).indices``.
+
+    On the CPU (float keys) numpy's unstable quicksort runs first and only the rows where it
+    met equal finite-or-+inf values are sorted again stably; the relative order of ``-inf``
+    entries is left unspecified (callers use ``-inf`` for "not selectable"). ``key`` must not
+    hold NaN. Elsewhere: ``torch.sort``.
+    """
+    if key.device.type != "cpu" or not key.dtype.is_floating_point or key.dtype == torch.bfloat16:
+        return torch.sort(key, dim=1, descending=True, stable=True).indices
+    neg = -np.ascontiguousarray(key.detach().numpy())
+    order = np.argsort(neg, axis=1)
+    if neg.shape[1] > 1:
+        srt = np.take_along_axis(neg, order, axis=1)
+        tie = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] != np.inf)
+        rows = np.flatnonzero(tie.any(axis=1))
+        if rows.size:
+            order[rows] = np.argsort(neg[rows], axis=1, kind="stable")
+    return torch.from_numpy(order)
+
+
+def _sorted_topk(x: Tensor, m: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`stable_topk` on a 2-D CPU block by one sort (see :data:`SORT_MAX_ROW`)."""
+    key = torch.where(m, x, torch.full_like(x, float("-inf")))
+    index = stable_argsort_desc(key)[:, :k]
+    return x.gather(1, index), index, m.gather(1, index)
 
 
 def stable_topk(
@@ -39,6 +74,15 @@ def stable_topk(
         empty = x[..., :k]
         out = (empty, empty.long(), empty.bool())
         return tuple(t.movedim(-1, dim) for t in out)  # type: ignore[return-value]
+    if (
+        x.device.type == "cpu"
+        and x.shape[-1] <= SORT_MAX_ROW
+        and x.dtype in (torch.float32, torch.float64)
+        and not bool((m & ((x == float("-inf")) | torch.isnan(x))).any())
+    ):
+        lead = x.shape[:-1]
+        out = _sorted_topk(x.reshape(-1, x.shape[-1]), m.reshape(-1, x.shape[-1]), k)
+        return tuple(t.reshape(*lead, k).movedim(-1, dim) for t in out)  # type: ignore[return-value]
     neg_inf = torch.full_like(x, float("-inf"))
     key = torch.where(m, x, neg_inf)
     kth = torch.topk(key, k, dim=-1).values[..., -1:]

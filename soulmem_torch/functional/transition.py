@@ -8,7 +8,8 @@ see :mod:`soulmem_torch.functional.ppr`.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -44,6 +45,9 @@ class TransitionOperator:
         dangling_index: shape (D,), int64. Nodes without any out-edge.
         transpose: sparse CSR (N, N), float64. ``P^T`` (row = target, column = source),
             parallel edges summed, zero weights left out; the operand of the power iteration.
+        cache: what kernels derive from the operator and keep with it (e.g. the dense
+            inverse of :func:`~soulmem_torch.functional.ppr_dense.dense_factors`, per
+            damping); not carried by :meth:`to`.
     """
 
     num_nodes: int
@@ -54,6 +58,7 @@ class TransitionOperator:
     max_weight: Tensor
     dangling_index: Tensor
     transpose: Tensor
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def device(self) -> torch.device:

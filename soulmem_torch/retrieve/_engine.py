@@ -24,6 +24,7 @@ from soulmem_torch.functional.ppr import (
     ppr_power_iteration,
     ppr_sequential_push,
 )
+from soulmem_torch.functional.ppr_dense import ppr_dense
 from soulmem_torch.functional.topk import stable_topk
 from soulmem_torch.model import MemoryId
 from soulmem_torch.retrieve._gcpause import gc_paused
@@ -216,6 +217,35 @@ def resolve_method(method: PprMethod, *, num_nodes: int, device: torch.device) -
     return PprMethod.POWER
 
 
+def power_ppr(
+    operator: TransitionOperator, weights: Tensor, keys: Tensor, config: AssociationConfig
+) -> Tensor:
+    """The ``power`` method on one operator: the exact dense solve (:func:`~soulmem_torch.
+    functional.ppr_dense.ppr_dense`, its inverse cached on ``operator``) for a graph of at most
+    ``config.power_dense_max_nodes`` notes, else the power iteration to ``config.power_tol``.
+    The choice depends only on the graph's size, so a query scores the same in any batch.
+
+    Args:
+        operator: the graph's transition (directed or undirected).
+        weights: (N, B) float64 personalization, every column with a positive sum.
+        keys: (N, B) bool, the keys.
+
+    Returns:
+        (N, B) float64, columns normalized.
+    """
+    if operator.num_nodes <= config.power_dense_max_nodes:
+        return ppr_dense(operator, weights, key_mask=keys, damping=config.damping_factor)
+    return ppr_power_iteration(
+        operator,
+        weights,
+        key_mask=keys,
+        damping=config.damping_factor,
+        tol=config.power_tol,
+        dtype=torch.float32 if config.power_dtype == "float32" else torch.float64,
+        local=config.power_local,
+    )
+
+
 def run_association(
     graph: Any, weights: Tensor, keys: Tensor, config: AssociationConfig
 ) -> tuple[Tensor, Tensor]:
@@ -250,15 +280,7 @@ def run_association(
             transition(graph, config), p, key_mask=k, damping=damping, threshold=threshold
         )
     else:
-        res = ppr_power_iteration(
-            transition(graph, config),
-            p,
-            key_mask=k,
-            damping=damping,
-            tol=config.power_tol,
-            dtype=torch.float32 if config.power_dtype == "float32" else torch.float64,
-            local=config.power_local,
-        )
+        res = power_ppr(transition(graph, config), p, k, config)
     ok = ok.clone()
     ok[cols] = res.sum(dim=0) > 0
     if every:

@@ -54,6 +54,15 @@ class TypePreference(str, Enum):
 AUTO_SEQUENTIAL_MAX_NODES = 4096
 """``method="auto"`` runs the exact sequential push on CPU graphs up to this many notes."""
 
+POWER_DENSE_MAX_NODES = 128
+"""Default ``AssociationConfig.power_dense_max_nodes``: at 128 notes the inverse of
+``I - dP^T`` takes ~0.3 ms on one CPU thread (about what one power iteration at ``power_tol``
+1e-9 costs there) and holds 128 KiB; it grows as ``N^3`` / ``N^2``."""
+
+MAX_DENSE_NODES = 4096
+"""Largest ``AssociationConfig.power_dense_max_nodes``: a dense inverse of 4,096 notes holds
+128 MiB and takes seconds to compute."""
+
 MAX_DAMPING_FACTOR = 0.99
 """Largest ``AssociationConfig.damping_factor``. The work of every PPR method grows like
 ``1 / (1 - damping)``; at 0.99 the power iteration needs 2,061 steps for ``power_tol`` 1e-9
@@ -144,6 +153,15 @@ class AssociationConfig(BaseModel):
         default="float64",
         description="Precision of the power iteration; float32 halves its memory traffic and "
         "is accurate to about 1e-6 in L1 (use it with power_tol >= 1e-6).",
+    )
+    power_dense_max_nodes: int = Field(
+        default=POWER_DENSE_MAX_NODES,
+        ge=0,
+        le=MAX_DENSE_NODES,
+        description="Graphs of at most this many notes get the exact PPR from a dense inverse "
+        "of I - dP^T, computed once per graph version and damping and kept with its transition "
+        "(O(N^2) memory, O(N) per source of a query) instead of the power iteration; 0 turns "
+        "it off. The result is the limit the iteration approaches, so it meets power_tol.",
     )
     power_local: bool = Field(
         default=True,

@@ -10,10 +10,16 @@ import torch
 from torch import Tensor
 
 from soulmem_torch.functional.fusion import rank_fusion, relative_seeds, undirected_edges
-from soulmem_torch.functional.ppr import TransitionOperator, build_transition, ppr_power_iteration
+from soulmem_torch.functional.ppr import TransitionOperator, build_transition
 from soulmem_torch.functional.similarity import BlendWeights
 from soulmem_torch.model import MemoryId
-from soulmem_torch.retrieve._engine import _weight_key, edge_weights, topk_lists, topk_mask
+from soulmem_torch.retrieve._engine import (
+    _weight_key,
+    edge_weights,
+    power_ppr,
+    topk_lists,
+    topk_mask,
+)
 from soulmem_torch.retrieve._request import graph_of, run_grouped
 from soulmem_torch.retrieve.assoc_with_action import associate_with_action
 from soulmem_torch.retrieve.config import AssociationConfig, DefaultPipelineConfig
@@ -56,8 +62,10 @@ def undirected_association(
 ) -> Tensor:
     """PPR of every column on :func:`undirected_transition`: the ``graph_undirected`` channel.
 
-    Always the batched power iteration (``config``'s damping, ``power_tol``, ``power_dtype``,
-    ``power_local``; its ``method`` is for the original's directed association). Columns with
+    Always the ``power`` method (``retrieve._engine.power_ppr``: the exact dense solve up to
+    ``power_dense_max_nodes`` notes, else the batched power iteration with ``config``'s damping,
+    ``power_tol``, ``power_dtype``, ``power_local``; its ``method`` is for the original's
+    directed association). Columns with
     no key or a zero weight sum stay zero.
 
     Args:
@@ -75,15 +83,7 @@ def undirected_association(
     every = bool(ok.all())
     cols = ok.nonzero().reshape(-1)
     p, k = (weights, keys) if every else (weights[:, cols], keys[:, cols])
-    res = ppr_power_iteration(
-        undirected_transition(graph, config),
-        p,
-        key_mask=k,
-        damping=config.damping_factor,
-        tol=config.power_tol,
-        dtype=torch.float32 if config.power_dtype == "float32" else torch.float64,
-        local=config.power_local,
-    ).to(torch.float64)
+    res = power_ppr(undirected_transition(graph, config), p, k, config)
     if every:
         return res
     out[:, cols] = res

@@ -1,0 +1,197 @@
+"""The exact dense PPR of small agents on the union (docs/spec.md §6, DECISION "exact small
+graphs"): each agent's :func:`~soulmem_torch.functional.ppr_dense.dense_factors`, kept in
+one flat buffer per (channel, edge weights, damping), and one gather + one
+:func:`~soulmem_torch.functional.ppr_dense.dense_ppr_entries` call for a whole batch.
+
+An agent's factors are computed from its own snapshot's transition (the retrieve layer's
+``transition`` / ``undirected_transition``, cached on the snapshot) by the same function the
+per-agent path uses, so the bank and a ``SoulMem`` of that agent read the same bits; the
+entries are combined in the same order, so their results are bit-identical on the CPU.
+
+The buffer holds the factors of the agents that have been asked (``n^2 + n`` float64 per
+agent and channel: 2 × 79 KiB for an agent of 100 notes), filled on first use, carried over
+when the union is spliced (a changed agent's block is dropped and refilled when it is next
+asked) and compacted when dropped blocks outweigh the live ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from soulmem_torch.bank._union import UnionSnapshot
+from soulmem_torch.functional.ppr_dense import dense_factors, dense_ppr_entries
+
+__all__ = ["DenseStore", "carry_dense", "segment_dense_ppr"]
+
+_F64 = torch.float64
+_I64 = torch.int64
+
+
+@dataclass(eq=False)
+class DenseStore:
+    """The agents' dense factors for one (channel, weight key, damping), in one buffer.
+
+    Attributes:
+        data: 1-D float64, capacity ≥ ``used``. Agent ``p``'s block is ``data[start[p] :
+            start[p] + length[p]]``: ``inverse_t`` (``n^2``, row-major) then
+            ``dangling_mass`` (``n``).
+        used: floats written (live and dropped blocks).
+        start: per agent position, ``-1`` when absent.
+        length: per agent position, the block's floats (0 when absent).
+    """
+
+    data: Tensor
+    used: int
+    start: list[int]
+    length: list[int]
+    _start_t: Tensor | None = None
+
+    @classmethod
+    def empty(cls, num_agents: int, device: torch.device) -> DenseStore:
+        return cls(
+            torch.empty(0, dtype=_F64, device=device), 0, [-1] * num_agents, [0] * num_agents
+        )
+
+    @property
+    def live(self) -> int:
+        """Floats of the live blocks."""
+        return sum(self.length)
+
+    def start_tensor(self, device: torch.device) -> Tensor:
+        """``start`` as an int64 tensor (cached until the next change)."""
+        if self._start_t is None:
+            self._start_t = torch.tensor(self.start, dtype=_I64, device=device)
+        return self._start_t
+
+    def carried(self, num_agents: int, dropped: set[int]) -> DenseStore:
+        """The store for a union of ``num_agents`` agents in which the agents ``dropped``
+        changed (their blocks become garbage) and the new ones are absent."""
+        extra = num_agents - len(self.start)
+        start = [(-1 if p in dropped else s) for p, s in enumerate(self.start)] + [-1] * extra
+        length = [(0 if p in dropped else n) for p, n in enumerate(self.length)] + [0] * extra
+        return DenseStore(self.data, self.used, start, length)
+
+    def append(self, blocks: list[Tensor], positions: list[int]) -> None:
+        """Write ``blocks`` (of agents ``positions``) after the others, compacting first when
+        dropped blocks outweigh the live ones and growing the buffer by doubling."""
+        need = sum(int(b.numel()) for b in blocks)
+        if self.used + need > self.data.numel():
+            live = self.live
+            if self.used > 2 * live:
+                self._compact(live + need)
+            if self.used + need > self.data.numel():
+                size = max(2 * self.data.numel(), self.used + need)
+                grown = torch.empty(size, dtype=_F64, device=self.data.device)
+                grown[: self.used] = self.data[: self.used]
+                self.data = grown
+        pos = self.used
+        for block, p in zip(blocks, positions):
+            self.data[pos : pos + block.numel()] = block
+            self.start[p], self.length[p] = pos, int(block.numel())
+            pos += int(block.numel())
+        self.used = pos
+        self._start_t = None
+
+    def _compact(self, capacity: int) -> None:
+        fresh = torch.empty(max(capacity, 1), dtype=_F64, device=self.data.device)
+        pos = 0
+        for p, (s, n) in enumerate(zip(self.start, self.length)):
+            if s >= 0:
+                fresh[pos : pos + n] = self.data[s : s + n]
+                self.start[p] = pos
+                pos += n
+        self.data, self.used = fresh, pos
+        self._start_t = None
+
+
+def _store_key(config: Any, undirected: bool) -> tuple[Any, ...]:
+    from soulmem_torch.retrieve._engine import _weight_key
+
+    return ("dense", undirected, float(config.damping_factor), *_weight_key(config))
+
+
+def carry_dense(new: UnionSnapshot, old: UnionSnapshot | None, changed: list[int]) -> None:
+    """Hand ``old``'s dense stores to ``new``: agents keep their positions (the bank only
+    appends agents), a changed agent's block is dropped, new agents start absent."""
+    if old is None:
+        return
+    dropped = set(changed)
+    for key, store in old.cache.items():
+        if isinstance(key, tuple) and key and key[0] == "dense":
+            new.cache[key] = store.carried(new.num_agents, dropped)
+
+
+def _fill(
+    union: UnionSnapshot, store: DenseStore, missing: list[int], config: Any, undirected: bool
+) -> None:
+    from soulmem_torch.bank._pipeline import _agent_graph
+    from soulmem_torch.retrieve._engine import transition
+    from soulmem_torch.retrieve.pipeline import undirected_transition
+
+    build = undirected_transition if undirected else transition
+    d = float(config.damping_factor)
+    blocks = []
+    for p in missing:  # the first ask of an agent (or after it changed): O(n^3) each
+        f = dense_factors(build(_agent_graph(union, p), config), d, cache=False)
+        blocks.append(torch.cat([f.inverse_t.reshape(-1), f.dangling_mass]))
+    store.append(blocks, missing)
+
+
+def segment_dense_ppr(
+    union: UnionSnapshot,
+    config: Any,
+    agents: Tensor,
+    weights: Tensor,
+    keys: Tensor,
+    ok: Tensor,
+    *,
+    undirected: bool,
+) -> Tensor:
+    """Exact PPR of the rows ``ok`` (each agent at most ``config.power_dense_max_nodes`` notes)
+    on their agents' blocks: ``(B, M)`` float64, rows normalized, zero elsewhere.
+
+    Args:
+        agents: (B,) agent position of every row.
+        weights: (B, M) float64 personalization on candidate rows.
+        keys: (B, M) bool, the keys.
+        ok: (B,) bool, the rows to answer.
+        undirected: the ``graph_undirected`` channel's operator instead of the directed one.
+    """
+    b, m = weights.shape
+    device = weights.device
+    out = torch.zeros(b, m, dtype=_F64, device=device)
+    rows = ok.nonzero().reshape(-1)
+    if rows.numel() == 0 or m == 0:
+        return out
+    key = _store_key(config, undirected)
+    store = union.cache.get(key)
+    if store is None:
+        store = union.cache[key] = DenseStore.empty(union.num_agents, device)
+    involved = agents.index_select(0, rows)
+    missing = [p for p in sorted(set(involved.tolist())) if store.start[p] < 0]
+    if missing:
+        _fill(union, store, missing, config, undirected)
+    entry_row, node = (keys & ok.unsqueeze(1)).nonzero(as_tuple=True)
+    agent = agents.index_select(0, entry_row)
+    start = store.start_tensor(device).index_select(0, agent)
+    n = union.sizes.index_select(0, agent)
+    width = int(union.sizes.index_select(0, involved).max())
+    ar = torch.arange(width, device=device)
+    inside = ar.unsqueeze(0) < n.unsqueeze(1)
+    flat = torch.where(inside, (start + node * n).unsqueeze(1) + ar.unsqueeze(0), 0)
+    gathered = torch.where(inside, store.data.index_select(0, flat.reshape(-1)).view_as(flat), 0.0)
+    mass = store.data.index_select(0, start + n * n + node)
+    x = dense_ppr_entries(
+        gathered,
+        mass,
+        weights[entry_row, node],
+        entry_row,
+        num_queries=b,
+        damping=float(config.damping_factor),
+    )
+    out[:, :width] = x
+    return out
