@@ -29,6 +29,7 @@ __all__ = ["DenseStore", "carry_dense", "segment_dense_ppr"]
 
 _F64 = torch.float64
 _I64 = torch.int64
+_SLACK = 4096  # floats kept free past the last block: a row window never leaves the buffer
 
 
 @dataclass(eq=False)
@@ -78,7 +79,7 @@ class DenseStore:
     def append(self, blocks: list[Tensor], positions: list[int]) -> None:
         """Write ``blocks`` (of agents ``positions``) after the others, compacting first when
         dropped blocks outweigh the live ones and growing the buffer by doubling."""
-        need = sum(int(b.numel()) for b in blocks)
+        need = sum(int(b.numel()) for b in blocks) + _SLACK
         if self.used + need > self.data.numel():
             live = self.live
             if self.used > 2 * live:
@@ -171,8 +172,8 @@ def segment_dense_ppr(
     store = union.cache.get(key)
     if store is None:
         store = union.cache[key] = DenseStore.empty(union.num_agents, device)
-    involved = agents.index_select(0, rows)
-    missing = [p for p in sorted(set(involved.tolist())) if store.start[p] < 0]
+    involved = torch.unique(agents.index_select(0, rows))
+    missing = involved[store.start_tensor(device).index_select(0, involved) < 0].tolist()
     if missing:
         _fill(union, store, missing, config, undirected)
     entry_row, node = (keys & ok.unsqueeze(1)).nonzero(as_tuple=True)
@@ -180,10 +181,13 @@ def segment_dense_ppr(
     start = store.start_tensor(device).index_select(0, agent)
     n = union.sizes.index_select(0, agent)
     width = int(union.sizes.index_select(0, involved).max())
-    ar = torch.arange(width, device=device)
-    inside = ar.unsqueeze(0) < n.unsqueeze(1)
-    flat = torch.where(inside, (start + node * n).unsqueeze(1) + ar.unsqueeze(0), 0)
-    gathered = torch.where(inside, store.data.index_select(0, flat.reshape(-1)).view_as(flat), 0.0)
+    # row ``node`` of each entry's block: ``width`` floats from its first (one window gather;
+    # the buffer keeps ``width`` floats of slack past its end), past ``n`` zeroed
+    windows = store.data.as_strided((store.data.numel() - width + 1, width), (1, 1))
+    gathered = windows.index_select(0, start + node * n)
+    if width > int(n.min()):
+        inside = torch.arange(width, device=device).unsqueeze(0) < n.unsqueeze(1)
+        gathered = torch.where(inside, gathered, 0.0)
     mass = store.data.index_select(0, start + n * n + node)
     x = dense_ppr_entries(
         gathered,

@@ -103,16 +103,14 @@ def reciprocal_rank(
         raise ValidationError(f"unscored: expected 'zero' or 'tie', found {unscored!r}")
     real = _mask_of(scores, mask)
     s = scores.to(torch.float64)
-    positive = real & torch.isfinite(s) & (s > 0)
-    rank = _positive_ranks(s, positive)
+    positive = real & (s > 0) & (s < float("inf"))  # finite and > 0 (NaN compares False)
+    rr = _positive_reciprocal_ranks(s, positive, k)
     if unscored == "zero":
-        rest = torch.zeros((), dtype=torch.float64, device=s.device)
-    else:
-        n_pos = positive.sum(dim=1, keepdim=True).to(torch.float64)
-        n_rest = real.sum(dim=1, keepdim=True).to(torch.float64) - n_pos
-        rest = 1.0 / (k + n_pos + (n_rest + 1.0) / 2.0)
-    rr = torch.where(positive, 1.0 / (k + rank.to(torch.float64)), rest)
-    return torch.where(real, rr, torch.zeros_like(rr))
+        return rr
+    n_pos = positive.sum(dim=1, keepdim=True).to(torch.float64)
+    n_rest = real.sum(dim=1, keepdim=True).to(torch.float64) - n_pos
+    rest = 1.0 / (k + n_pos + (n_rest + 1.0) / 2.0)
+    return torch.where(positive, rr, torch.where(real, rest, 0.0))
 
 
 def _first_sorted(key: Tensor, k: int) -> Tensor:
@@ -125,21 +123,21 @@ def _first_sorted(key: Tensor, k: int) -> Tensor:
     return stable_topk(key, k)[1]
 
 
-def _positive_ranks(s: Tensor, positive: Tensor) -> Tensor:
-    """(B, N) int64: each positive entry's 1-based rank among its row's positive entries
-    (descending; equal scores: lower column first). Other entries: unspecified."""
+def _positive_reciprocal_ranks(s: Tensor, positive: Tensor, k: float) -> Tensor:
+    """(B, N) float64: ``1 / (k + rank)`` at each positive entry, its 1-based rank among its
+    row's positive entries (descending; equal scores: lower column first); 0 elsewhere."""
     b, n = s.shape
+    out = torch.zeros(b, n, dtype=torch.float64, device=s.device)
     if n == 0 or b == 0:
-        return torch.zeros(b, n, dtype=torch.int64, device=s.device)
+        return out
     most = int(positive.sum(dim=1).max())
-    rank = torch.zeros(b, n, dtype=torch.int64, device=s.device)
     if most == 0:
-        return rank
-    key = torch.where(positive, s, torch.full_like(s, float("-inf")))
+        return out
+    key = torch.where(positive, s, float("-inf"))
     order = _first_sorted(key, most)
-    arange = torch.arange(1, most + 1, device=s.device).expand_as(order)
-    rank.scatter_(1, order, arange.contiguous())
-    return rank
+    ranks = torch.arange(1, most + 1, device=s.device).to(torch.float64)
+    out.scatter_(1, order, (1.0 / (k + ranks)).expand(b, most))
+    return out.mul_(positive)  # rows with fewer positives: their tail of ``order`` → 0
 
 
 def rank_fusion(
@@ -207,7 +205,7 @@ def relative_seeds(
     best = key.max(dim=1, keepdim=True).values
     ok = ok & (key >= best * ratio)
     m = min(int(max_seeds), scores.shape[1])
-    if m < scores.shape[1]:
+    if m < scores.shape[1] and int(ok.sum(dim=1).max()) > m:  # else every candidate fits
         order = _first_sorted(key, m)
         top = torch.zeros_like(ok)
         top.scatter_(1, order, True)

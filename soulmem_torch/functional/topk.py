@@ -28,21 +28,15 @@ def stable_argsort_desc(key: Tensor) -> Tensor:
     if key.device.type != "cpu" or not key.dtype.is_floating_point or key.dtype == torch.bfloat16:
         return torch.sort(key, dim=1, descending=True, stable=True).indices
     neg = -np.ascontiguousarray(key.detach().numpy())
-    order = np.argsort(neg, axis=1)
+    order = torch.from_numpy(np.argsort(neg, axis=1))
     if neg.shape[1] > 1:
-        srt = np.take_along_axis(neg, order, axis=1)
-        tie = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] != np.inf)
-        rows = np.flatnonzero(tie.any(axis=1))
-        if rows.size:
-            order[rows] = np.argsort(neg[rows], axis=1, kind="stable")
-    return torch.from_numpy(order)
-
-
-def _sorted_topk(x: Tensor, m: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`stable_topk` on a 2-D CPU block by one sort (see :data:`SORT_MAX_ROW`)."""
-    key = torch.where(m, x, torch.full_like(x, float("-inf")))
-    index = stable_argsort_desc(key)[:, :k]
-    return x.gather(1, index), index, m.gather(1, index)
+        srt = key.gather(1, order)
+        tie = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] != float("-inf"))
+        rows = tie.any(dim=1).nonzero().reshape(-1)
+        if rows.numel():
+            again = np.argsort(neg[rows.numpy()], axis=1, kind="stable")
+            order[rows] = torch.from_numpy(again)
+    return order
 
 
 def stable_topk(
@@ -74,17 +68,17 @@ def stable_topk(
         empty = x[..., :k]
         out = (empty, empty.long(), empty.bool())
         return tuple(t.movedim(-1, dim) for t in out)  # type: ignore[return-value]
+    key = torch.where(m, x, torch.full_like(x, float("-inf")))
     if (
         x.device.type == "cpu"
         and x.shape[-1] <= SORT_MAX_ROW
         and x.dtype in (torch.float32, torch.float64)
-        and not bool((m & ((x == float("-inf")) | torch.isnan(x))).any())
+        and int((key > float("-inf")).sum()) == int(m.sum())  # no selectable -inf / NaN
     ):
-        lead = x.shape[:-1]
-        out = _sorted_topk(x.reshape(-1, x.shape[-1]), m.reshape(-1, x.shape[-1]), k)
+        lead, n = x.shape[:-1], x.shape[-1]
+        index = stable_argsort_desc(key.reshape(-1, n))[:, :k]
+        out = (x.reshape(-1, n).gather(1, index), index, m.reshape(-1, n).gather(1, index))
         return tuple(t.reshape(*lead, k).movedim(-1, dim) for t in out)  # type: ignore[return-value]
-    neg_inf = torch.full_like(x, float("-inf"))
-    key = torch.where(m, x, neg_inf)
     kth = torch.topk(key, k, dim=-1).values[..., -1:]
     above = (key > kth) & m
     tied = (key == kth) & m
