@@ -13,7 +13,11 @@ from soulmem_torch import HashingEmbedder, MemoryBank, SoulMem
 from soulmem_torch.bank import _union
 from soulmem_torch.bank._union import segment_power_ppr, segment_power_ppr_channels
 from soulmem_torch.errors import ConfigError, NotFoundError, SoulMemError, ValidationError
-from soulmem_torch.retrieve import DefaultPipelineConfig, RetrDefaultPipeline
+from soulmem_torch.retrieve import (
+    AssociateWithActionConfig,
+    DefaultPipelineConfig,
+    RetrDefaultPipeline,
+)
 from soulmem_torch.retrieve._engine import run_association
 from soulmem_torch.retrieve.config import AssociationConfig
 
@@ -402,8 +406,9 @@ def test_a_change_splices_the_union_operator() -> None:
     for a in range(5):
         bank.add_agent_graph(f"g{a}", random_agent_graph(6 + a, 15, 4, a))
     bank.add_agent("notes", sample_notes(list(range(10))))
-    cfg = config("power")
-    assoc = cfg.assoc_with_action.association
+    # agents up to power_dense_max_nodes get the dense solve, not the union operators: off
+    assoc = AssociationConfig(method="power", power_dense_max_nodes=0)
+    cfg = DefaultPipelineConfig(assoc_with_action=AssociateWithActionConfig(association=assoc))
     bank.query([("g1", torch.ones(4))], config=cfg)  # builds (and caches) both operators
     bank.add_notes("notes", sample_notes(list(range(10, 30))))
     bank.add_agent_graph("g9", random_agent_graph(7, 20, 4, 9))
