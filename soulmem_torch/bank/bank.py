@@ -287,7 +287,11 @@ class MemoryBank:
 
     # -- asking ------------------------------------------------------------------------------
     def _positions(self, agent_ids: Sequence[Any]) -> list[int]:
-        out = []
+        if set(map(type, agent_ids)) <= {str}:  # the common case, without a Python loop
+            out = list(map(self._position.get, agent_ids))
+            if None not in out:
+                return out
+        out = []  # a bad or unknown id: found and named by the loop
         for i, a in enumerate(agent_ids):
             if not isinstance(a, str) or not a:
                 raise ValidationError(f"agents[{i}]: expected a non-empty string, found {a!r}")
@@ -321,13 +325,17 @@ class MemoryBank:
         from soulmem_torch.retrieve import DefaultPipelineConfig
 
         requests = list(requests)
-        pairs = []
-        for i, item in enumerate(requests):
-            if not isinstance(item, (tuple, list)) or len(item) != 2:
-                raise ValidationError(
-                    f"requests[{i}]: expected an (agent_id, query) pair, found {item!r}"
-                )
-            pairs.append(tuple(item))
+        # all plain 2-tuples (the common case) are checked without a Python loop
+        if set(map(type, requests)) <= {tuple} and set(map(len, requests)) <= {2}:
+            pairs = requests
+        else:
+            pairs = []
+            for i, item in enumerate(requests):
+                if not isinstance(item, (tuple, list)) or len(item) != 2:
+                    raise ValidationError(
+                        f"requests[{i}]: expected an (agent_id, query) pair, found {item!r}"
+                    )
+                pairs.append(tuple(item))
         config = DefaultPipelineConfig() if config is None else config
         if not isinstance(config, DefaultPipelineConfig):
             raise ConfigError(
@@ -342,14 +350,17 @@ class MemoryBank:
         if not pairs:
             return []
         union = self._fresh_union(positions)
-        agents = [self._agents[self._order[p]] for p in positions]
+        agents, order = self._agents, self._order
         return run_pipeline(
             union,
             positions,
             [q for _, q in pairs],
             config,
             priorities=priorities,
-            memories=[a.mem.working_memory if a.mem is not None else None for a in agents],
+            memories=[
+                None if (mem := agents[order[p]].mem) is None else mem.working_memory
+                for p in positions
+            ],
             embedder=self.embedder,
         )
 
