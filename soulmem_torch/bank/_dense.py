@@ -16,6 +16,7 @@ asked) and compacted when dropped blocks outweigh the live ones.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,8 @@ class DenseStore:
     Attributes:
         data: 1-D float64, capacity ≥ ``used``. Agent ``p``'s block is ``data[start[p] :
             start[p] + length[p]]``: ``inverse_t`` (``n^2``, row-major) then
-            ``dangling_mass`` (``n``).
+            ``dangling_mass`` (``n``). Every float is finite and the buffer is zero past
+            ``used`` (a row window may read a little past its block).
         used: floats written (live and dropped blocks).
         start: per agent position, ``-1`` when absent.
         length: per agent position, the block's floats (0 when absent).
@@ -86,7 +88,7 @@ class DenseStore:
                 self._compact(live + need)
             if self.used + need > self.data.numel():
                 size = max(2 * self.data.numel(), self.used + need)
-                grown = torch.empty(size, dtype=_F64, device=self.data.device)
+                grown = torch.zeros(size, dtype=_F64, device=self.data.device)
                 grown[: self.used] = self.data[: self.used]
                 self.data = grown
         pos = self.used
@@ -98,7 +100,7 @@ class DenseStore:
         self._start_t = None
 
     def _compact(self, capacity: int) -> None:
-        fresh = torch.empty(max(capacity, 1), dtype=_F64, device=self.data.device)
+        fresh = torch.zeros(max(capacity, 1), dtype=_F64, device=self.data.device)
         pos = 0
         for p, (s, n) in enumerate(zip(self.start, self.length)):
             if s >= 0:
@@ -148,54 +150,66 @@ def segment_dense_ppr(
     agents: Tensor,
     weights: Tensor,
     keys: Tensor,
-    ok: Tensor,
+    oks: Sequence[Tensor],
     *,
-    undirected: bool,
-) -> Tensor:
-    """Exact PPR of the rows ``ok`` (each agent at most ``config.power_dense_max_nodes`` notes)
-    on their agents' blocks: ``(B, M)`` float64, rows normalized, zero elsewhere.
+    undirected: Sequence[bool],
+) -> list[Tensor]:
+    """Exact PPR on the agents' blocks (each agent at most ``config.power_dense_max_nodes``
+    notes), one channel per ``undirected`` flag (the ``graph_undirected`` channel's operator
+    when set): channel ``c`` answers the rows ``oks[c]``. Returns one ``(B, M)`` float64 per
+    channel, rows normalized, zero elsewhere.
 
     Args:
         agents: (B,) agent position of every row.
         weights: (B, M) float64 personalization on candidate rows.
         keys: (B, M) bool, the keys.
-        ok: (B,) bool, the rows to answer.
-        undirected: the ``graph_undirected`` channel's operator instead of the directed one.
+        oks: per channel, (B,) bool, the rows to answer.
+        undirected: per channel, which operator.
     """
     b, m = weights.shape
     device = weights.device
-    out = torch.zeros(b, m, dtype=_F64, device=device)
-    rows = ok.nonzero().reshape(-1)
+    outs = [torch.zeros(b, m, dtype=_F64, device=device) for _ in oks]
+    any_ok = torch.zeros(b, dtype=torch.bool, device=device)
+    for ok in oks:
+        any_ok |= ok
+    rows = any_ok.nonzero().reshape(-1)
     if rows.numel() == 0 or m == 0:
-        return out
+        return outs
+    # the (query, key) entries, by query then key: shared by the channels
+    entry_row, node = (keys & any_ok.unsqueeze(1)).nonzero(as_tuple=True)
+    agent = agents.index_select(0, entry_row)
+    n = union.sizes.index_select(0, agent)
+    weight = weights[entry_row, node]
+    involved = torch.unique(agents.index_select(0, rows))
+    width = int(union.sizes.index_select(0, involved).max())
+    inside = None
+    if width > int(n.min()):
+        inside = torch.arange(width, device=device).unsqueeze(0) < n.unsqueeze(1)
+    for c, (ok, flag) in enumerate(zip(oks, undirected)):
+        if not bool(ok.any()):
+            continue
+        store = _store(union, config, flag, device)
+        missing = involved[store.start_tensor(device).index_select(0, involved) < 0].tolist()
+        if missing:
+            _fill(union, store, missing, config, flag)
+        start = store.start_tensor(device).index_select(0, agent)
+        # row ``node`` of each entry's block: ``width`` floats from its first (one window
+        # gather; the buffer keeps ``width`` floats of slack past its end), past ``n`` zeroed
+        windows = store.data.as_strided((store.data.numel() - width + 1, width), (1, 1))
+        gathered = windows.index_select(0, start + node * n)
+        if inside is not None:
+            gathered = gathered.mul_(inside)
+        mass = store.data.index_select(0, start + n * n + node)
+        x = dense_ppr_entries(
+            gathered, mass, weight, entry_row, num_queries=b, damping=float(config.damping_factor)
+        )
+        outs[c][:, :width] = x.mul_(ok.unsqueeze(1))
+    return outs
+
+
+def _store(union: UnionSnapshot, config: Any, undirected: bool, device: torch.device) -> DenseStore:
     key = _store_key(config, undirected)
     store = union.cache.get(key)
     if store is None:
         store = union.cache[key] = DenseStore.empty(union.num_agents, device)
-    involved = torch.unique(agents.index_select(0, rows))
-    missing = involved[store.start_tensor(device).index_select(0, involved) < 0].tolist()
-    if missing:
-        _fill(union, store, missing, config, undirected)
-    entry_row, node = (keys & ok.unsqueeze(1)).nonzero(as_tuple=True)
-    agent = agents.index_select(0, entry_row)
-    start = store.start_tensor(device).index_select(0, agent)
-    n = union.sizes.index_select(0, agent)
-    width = int(union.sizes.index_select(0, involved).max())
-    # row ``node`` of each entry's block: ``width`` floats from its first (one window gather;
-    # the buffer keeps ``width`` floats of slack past its end), past ``n`` zeroed
-    windows = store.data.as_strided((store.data.numel() - width + 1, width), (1, 1))
-    gathered = windows.index_select(0, start + node * n)
-    if width > int(n.min()):
-        inside = torch.arange(width, device=device).unsqueeze(0) < n.unsqueeze(1)
-        gathered = torch.where(inside, gathered, 0.0)
-    mass = store.data.index_select(0, start + n * n + node)
-    x = dense_ppr_entries(
-        gathered,
-        mass,
-        weights[entry_row, node],
-        entry_row,
-        num_queries=b,
-        damping=float(config.damping_factor),
-    )
-    out[:, :width] = x
-    return out
+    return store

@@ -16,6 +16,7 @@ tensor masked by ``valid``. Config fields the bank does not know are refused
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from soulmem_torch.bank._union import (
     candidates,
     grouped_is_cheaper,
     grouped_structured_similarity,
+    note_ids,
     plain_similarity,
     segment_power_ppr_channels,
     structured_similarity,
@@ -117,25 +119,43 @@ def _topk(scores: Tensor, mask: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor,
 
 
 def _lists(
-    ids: list[list[Any]], values: Tensor, index: Tensor, valid: Tensor, *, as_float32: bool = False
-) -> list[list[tuple[Any, float]]]:
-    """``[(id, score)]`` per row: the valid entries of a stable top-k, in order (the batch's
-    entries converted to Python once, each row a slice of them)."""
-    if as_float32:
-        values = values.to(torch.float32)
-    vals = values[valid].tolist()
-    idxs = index[valid].tolist()
-    out = []
-    pos = 0
-    for row_ids, c in zip(ids, valid.sum(dim=1).tolist()):
-        end = pos + c
-        out.append(list(zip(map(row_ids.__getitem__, idxs[pos:end]), vals[pos:end])))
-        pos = end
-    return out
+    ids: list[Any], idx: Tensor, *blocks: tuple[Tensor, Tensor, Tensor]
+) -> tuple[list[tuple[Any, float]], list[int]]:
+    """The ``(id, score)`` entries of several stable top-k's, each block ``(values, index,
+    valid)`` of shape ``(B, k_i)``: one flat list — row by row, within a row block by block, each
+    block's valid entries in order — and the end of every (row, block) run in it (``B ×
+    len(blocks)`` ends, row-major), so a row's list of a block is one slice of it.
+
+    ``ids``: every note's id by union node index (:func:`note_ids`); ``idx``: the candidate rows
+    (local index → union node). One gather, one boolean mask and one ``tolist`` per tensor for
+    the whole batch. Scores become Python floats through float64, exact for float32 values
+    (the same floats as their own ``tolist``)."""
+    values = torch.cat([v.to(_F64) for v, _, _ in blocks], dim=1)
+    index = idx.gather(1, torch.cat([i for _, i, _ in blocks], dim=1))
+    ok = torch.cat([k for _, _, k in blocks], dim=1)
+    ends = torch.stack([k.sum(dim=1) for _, _, k in blocks], dim=1).reshape(-1).cumsum(0)
+    nodes = index[ok].tolist()
+    if len(nodes) > 1:
+        found = itemgetter(*nodes)(ids)
+    else:
+        found = [ids[n] for n in nodes]
+    return list(zip(found, values[ok].tolist())), ends.tolist()
 
 
 def _plain_vectors(queries: Sequence[Any], embedder: Any, width: int, device: Any) -> Tensor:
     texts = [q for q in queries if isinstance(q, str)]
+    if not texts:  # all tensors: one stack when they are (width,) vectors that stack to float32
+        try:
+            q = torch.stack(list(queries))
+        except (RuntimeError, TypeError):
+            q = None  # the per-query checks below name the offending query
+        # (a float32 stack casts every query to float32 itself, as ``.to`` would one by one)
+        if q is not None and q.dim() == 2 and q.shape[1] == width and q.dtype == torch.float32:
+            if q.device != device:
+                q = q.to(device)
+            if not bool(torch.isfinite(q).all()):
+                raise ValidationError("query: expected finite vectors, found NaN or inf")
+            return q
     embedded = iter(())
     if texts:
         if embedder is None:
@@ -271,10 +291,12 @@ def _association(
     """Stage 3: PPR of every query on its agent's block → ``(scores (B, M) f64, ok (B,),
     undirected scores (B, M) f64 or None)``.
 
-    ``undirected``: the ``graph_undirected`` channel too (always the power iteration, as the
+    ``undirected``: the ``graph_undirected`` channel too (always the ``power`` method, as the
     retrieve layer's), run as one stacked iteration with the directed ``power`` rows.
 
-    ``power`` runs batched on the union operator; ``sequential`` (the parity oracle, a loop by
+    ``power`` is the exact dense solve for agents of at most ``power_dense_max_nodes`` notes
+    (``bank._dense.segment_dense_ppr``, one gather for the batch) and the power iteration on
+    the union operator for the others; ``sequential`` (the parity oracle, a loop by
     definition) and ``push`` run per agent of the batch on the agent's own snapshot with the
     retrieve layer's ``run_association``. ``auto`` resolves per agent, on its own size.
     """
@@ -290,30 +312,29 @@ def _association(
             f"{weights[row, col].item()} (a similarity score under a negative "
             f"similarity_threshold) in query {row}"
         )
-    sizes = union.sizes_list
-    method_of: dict[int, PprMethod] = {}
-    for size in {sizes[p] for p in positions}:
-        method_of[size] = resolve_method(config.method, num_nodes=size, device=union.device)
-    is_power = torch.tensor(
-        [method_of[sizes[p]] is PprMethod.POWER for p in positions],
-        dtype=torch.bool,
-        device=union.device,
+    row_sizes = union.sizes.index_select(0, agents)
+    power_sizes = [
+        size
+        for size in torch.unique(row_sizes).tolist()
+        if resolve_method(config.method, num_nodes=size, device=union.device) is PprMethod.POWER
+    ]
+    is_power = torch.isin(
+        row_sizes, torch.tensor(power_sizes, dtype=row_sizes.dtype).to(union.device)
     )
     # ``power`` is the exact dense solve for small agents (as ``_engine.power_ppr``)
-    dense = union.sizes.index_select(0, agents) <= config.power_dense_max_nodes
-    oks = [ok & is_power & ~dense] + ([ok & ~dense] if undirected else [])
+    dense = row_sizes <= config.power_dense_max_nodes
     flags = [False, True] if undirected else [False]
-    if any(bool(o.any()) for o in oks):
+    iterate = [ok & is_power & ~dense] + ([ok & ~dense] if undirected else [])
+    exact = [ok & dense & is_power] + ([ok & dense] if undirected else [])
+    if any(bool(o.any()) for o in iterate):
         outs = segment_power_ppr_channels(
-            union, config, agents, weights, keys, oks, undirected=flags
+            union, config, agents, weights, keys, iterate, undirected=flags
         )
-    else:
-        outs = [torch.zeros(weights.shape, dtype=torch.float64, device=union.device) for _ in oks]
-    for c, flag in enumerate(flags):
-        rows = ok & dense & (is_power | flag)
-        if bool(rows.any()):
-            exact = segment_dense_ppr(union, config, agents, weights, keys, rows, undirected=flag)
-            outs[c] = torch.where(rows.unsqueeze(1), exact, outs[c])
+        solved = segment_dense_ppr(union, config, agents, weights, keys, exact, undirected=flags)
+        for c in range(len(flags)):
+            outs[c] = torch.where(exact[c].unsqueeze(1), solved[c], outs[c])
+    else:  # every row is exact (or not power): zero elsewhere already
+        outs = segment_dense_ppr(union, config, agents, weights, keys, exact, undirected=flags)
     scores = outs[0]
     both = outs[1] if undirected else None
     other = (ok & ~is_power).nonzero().reshape(-1).tolist()
@@ -420,18 +441,17 @@ def run_pipeline(
     w = torch.where(kept, w, neg_inf)
     row_max = w.max(dim=1, keepdim=True).values if m else w[:, :1]
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    e = torch.where(kept, torch.exp(w - row_max), torch.zeros_like(w))
+    e = torch.exp(w - row_max)  # exactly 0 where not kept (w = -inf there, row_max finite)
     total = e.sum(dim=1, keepdim=True)
-    soft = torch.where(total > 0, e / torch.where(total > 0, total, 1.0), e)
+    soft = e / torch.where(total > 0, total, 1.0)  # a row without kept notes stays 0
     act_scores, act_cand = candidate_bayes(union, agents, soft, kept)
     _, a_values, a_index, a_valid = _topk(act_scores, act_cand, awa.action_top_k)
 
     # stage 5: one memory list — reciprocal-rank fusion of the channels, or the max merge
     if config.fusion == "rank":
-        zero = torch.zeros_like(sim_kept)
         channels = {
             "similarity": sim_kept,
-            "seeds": torch.where(chosen, sim_kept, zero),
+            "seeds": sim_kept * chosen,  # finite: 0 off the seeds
             "graph": ppr,
         }
         if "text" in config.channels:
@@ -440,25 +460,31 @@ def run_pipeline(
             channels["graph_undirected"] = ppr_both
         used = [channels[c] for c in config.channels]
         fused = rank_fusion(used, k=config.rank_constant, mask=valid)
-        in_list = torch.zeros_like(valid)
-        for c in used:
-            in_list |= torch.isfinite(c) & (c > 0)
-        _, m_values, m_index, m_valid = _topk(fused, in_list & valid, config.merge_top_k)
+        # a note is in the list when some channel scored it (finite, > 0): exactly where the
+        # fused reciprocal ranks (0 for unscored or masked entries) are positive
+        _, m_values, m_index, m_valid = _topk(fused, fused > 0, config.merge_top_k)
     else:
         _, m_values, m_index, m_valid = _topk(merged, chosen | ppr_selected, config.merge_top_k)
 
-    ids = [union.graphs[p].ids for p in positions]
-    seeds = _lists(ids, s_values, s_index, s_valid, as_float32=True)
-    actions = _lists(ids, a_values, a_index, a_valid)
-    association = _lists(ids, m_values, m_index, m_valid)
+    # the three lists of every row: slices of one flat list of (id, score) pairs
+    pairs, ends = _lists(
+        note_ids(union, positions),
+        idx,
+        (s_values.to(torch.float32), s_index, s_valid),  # the seeds keep float32 scores
+        (a_values, a_index, a_valid),
+        (m_values, m_index, m_valid),
+    )
+    starts = [0, *ends[2::3]]
     return [
         DefaultPipelineResult(
-            association=association[j],
-            action=actions[j],
-            short_history=list(short[j][0]),
-            short_mem=short[j][1],
-            priority=priorities[j],
-            seeds=seeds[j],
+            association=pairs[c:d],
+            action=pairs[b:c],
+            short_history=list(history),
+            short_mem=summary,
+            priority=priority,
+            seeds=pairs[a:b],
         )
-        for j in range(len(queries))
+        for a, b, c, d, (history, summary), priority in zip(
+            starts, ends[0::3], ends[1::3], ends[2::3], short, priorities
+        )
     ]

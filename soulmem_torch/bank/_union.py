@@ -301,12 +301,46 @@ def plain_similarity(union: UnionSnapshot, q: Tensor, idx: Tensor, valid: Tensor
         )
     qn = normalize_rows(q)
     b, m = idx.shape
-    out = torch.zeros(b, m, dtype=torch.float32, device=q.device)
-    for sl in _chunks(b, m * xn.shape[1]):
-        cand = xn[idx[sl]]  # (c, M, D)
-        out[sl] = torch.bmm(cand, qn[sl].unsqueeze(-1)).squeeze(-1)
-    mask = union.tag_mask[idx] & valid
+    d = int(xn.shape[1])
+    flat = idx.reshape(-1)
+    chunks = _chunks(b, m * d)
+    # the candidate block gathered by ``index_select`` (a plain row copy, faster than advanced
+    # indexing), then one ``bmm`` per chunk: the same kernel on the same block as ever
+    if len(chunks) == 1:
+        cand = xn.index_select(0, flat).view(b, m, d)
+        out = torch.bmm(cand, qn.unsqueeze(-1)).squeeze(-1)
+    else:
+        out = torch.zeros(b, m, dtype=torch.float32, device=q.device)
+        for sl in chunks:
+            cand = xn.index_select(0, idx[sl].reshape(-1)).view(sl.stop - sl.start, m, d)
+            out[sl] = torch.bmm(cand, qn[sl].unsqueeze(-1)).squeeze(-1)
+    every = union.cache.get("tag_mask_all")
+    if every is None:
+        every = union.cache["tag_mask_all"] = bool(union.tag_mask.all())
+    mask = valid if every else union.tag_mask.index_select(0, flat).view(b, m) & valid
     return out * mask.to(out.dtype)
+
+
+def note_ids(union: UnionSnapshot, positions: Sequence[int]) -> list[Any]:
+    """Every note's id by union node index (agent ``p``'s ``graphs[p].ids`` at
+    ``ptr[p]:ptr[p + 1]``), filled per agent on first use (a tensor-built agent's ids are made
+    lazily by its snapshot: agents never asked about are left alone). Cached on the union, which
+    is rebuilt on every change; entries of agents not yet filled are ``None``."""
+    cached = union.cache.get("note_ids")
+    if cached is None:
+        cached = union.cache["note_ids"] = ([None] * union.num_nodes, set(), union.ptr.tolist())
+    flat, filled, ptr = cached
+    missing = set(positions) - filled
+    for p in sorted(missing):
+        ids = union.graphs[p].ids
+        start, end = ptr[p], ptr[p + 1]
+        if len(ids) != end - start:
+            raise ValidationError(
+                f"agents: snapshot {p} has {end - start} notes but {len(ids)} ids"
+            )
+        flat[start:end] = ids
+        filled.add(p)
+    return flat
 
 
 def structured_similarity(

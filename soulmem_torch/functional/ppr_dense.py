@@ -145,8 +145,7 @@ def dense_ppr_entries(
     sums = _colsum(xt)
     live = total > 0
     scale = torch.where((sums != 0) & live, sums, 1.0)
-    out = (xt / scale).T
-    return torch.where(live.unsqueeze(1), out, 0.0)
+    return (xt / scale).T.mul_(live.unsqueeze(1))  # finite: rows of dead queries → 0
 
 
 def ppr_dense(
