@@ -431,9 +431,14 @@ def run_pipeline(
 
     # stage 4: situation weights (max-subtracted softmax) and BayesAction
     neg_inf = torch.full_like(ppr, float("-inf"))
-    merged = torch.maximum(
-        torch.where(chosen, seed_w, neg_inf), torch.where(ppr_selected, ppr, neg_inf)
-    )
+    if config.fusion == "rank":
+        # seeds score > 0 (relative_seeds) and PPR >= 0: the max merge, with 0 instead of
+        # -inf off both sets — the same kept notes and weights below (merged > 0 decides)
+        merged = torch.maximum(seed_w, ppr * ppr_selected)
+    else:
+        merged = torch.maximum(
+            torch.where(chosen, seed_w, neg_inf), torch.where(ppr_selected, ppr, neg_inf)
+        )
     ntype = union.node_type[idx]
     situation = (ntype == NODE_SPECIFIC) | (ntype == NODE_ABSTRACT)
     kept = situation & (merged > 0) & ok.unsqueeze(1) & valid
@@ -454,11 +459,13 @@ def run_pipeline(
             "seeds": sim_kept * chosen,  # finite: 0 off the seeds
             "graph": ppr,
         }
-        if "text" in config.channels:
+        if "text" in config.channels and any(mem is not None for mem in memories):
+            # (an agent without notes text scores 0 everywhere: a zero channel adds exactly
+            # nothing to the fused reciprocal ranks, so a batch of them leaves it out)
             channels["text"] = _text_channel(union, positions, queries, memories, m)
         if ppr_both is not None:  # computed with the directed PPR in stage 3
             channels["graph_undirected"] = ppr_both
-        used = [channels[c] for c in config.channels]
+        used = [channels[c] for c in config.channels if c in channels]
         fused = rank_fusion(used, k=config.rank_constant, mask=valid)
         # a note is in the list when some channel scored it (finite, > 0): exactly where the
         # fused reciprocal ranks (0 for unscored or masked entries) are positive

@@ -304,15 +304,22 @@ def plain_similarity(union: UnionSnapshot, q: Tensor, idx: Tensor, valid: Tensor
     d = int(xn.shape[1])
     flat = idx.reshape(-1)
     chunks = _chunks(b, m * d)
-    # the candidate block gathered by ``index_select`` (a plain row copy, faster than advanced
-    # indexing), then one ``bmm`` per chunk: the same kernel on the same block as ever
+    # each query's candidates are ``m`` consecutive rows from its agent's first note: one
+    # window copy per query (rows past the agent's notes are masked below; the padded copy
+    # keeps the last window inside the tensor), then one ``bmm`` per chunk
+    padded = union.cache.get("tag_normalized_padded")
+    if padded is None or padded.shape[0] < xn.shape[0] + m:
+        pad = xn.new_zeros(max(int(union.sizes.max()) if union.num_agents else 0, m), d)
+        padded = union.cache["tag_normalized_padded"] = torch.cat([xn, pad])
+    windows = padded.as_strided((padded.shape[0] - m + 1, m, d), (d, d, 1))
+    first = idx[:, 0] if m else idx.new_zeros(b)
     if len(chunks) == 1:
-        cand = xn.index_select(0, flat).view(b, m, d)
+        cand = windows.index_select(0, first)
         out = torch.bmm(cand, qn.unsqueeze(-1)).squeeze(-1)
     else:
         out = torch.zeros(b, m, dtype=torch.float32, device=q.device)
         for sl in chunks:
-            cand = xn.index_select(0, idx[sl].reshape(-1)).view(sl.stop - sl.start, m, d)
+            cand = windows.index_select(0, first[sl])
             out[sl] = torch.bmm(cand, qn[sl].unsqueeze(-1)).squeeze(-1)
     every = union.cache.get("tag_mask_all")
     if every is None:

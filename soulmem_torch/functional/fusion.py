@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from soulmem_torch.errors import ValidationError
-from soulmem_torch.functional.topk import SORT_MAX_ROW, stable_argsort_desc, stable_topk
+from soulmem_torch.functional.topk import SORT_MAX_ROW, _first_k, stable_topk
 
 __all__ = [
     "BM25_B",
@@ -118,8 +118,12 @@ def _first_sorted(key: Tensor, k: int) -> Tensor:
     ``key`` (no NaN; ``-inf`` = not selectable, order among them unspecified), in that order:
     one sort for short rows or large ``k``, else
     :func:`~soulmem_torch.functional.topk.stable_topk` (the same entries, O(size) per row)."""
-    if key.shape[1] <= SORT_MAX_ROW or 4 * k > key.shape[1]:
-        return stable_argsort_desc(key)[:, :k]
+    if (
+        key.device.type == "cpu"
+        and key.shape[1] <= SORT_MAX_ROW
+        and key.dtype in (torch.float32, torch.float64)
+    ):
+        return _first_k(key, k)
     return stable_topk(key, k)[1]
 
 

@@ -11,9 +11,14 @@ from soulmem_torch.errors import ValidationError
 __all__ = ["stable_argsort_desc", "stable_topk"]
 
 SORT_MAX_ROW = 2048
-"""Rows up to this long take the sort route on the CPU (:func:`stable_argsort_desc`): numpy's
-quicksort of a (1000, 100) block takes ~0.4 ms where ``torch.sort(stable=True)`` takes ~2.9 ms
-and the top-k route ~2 ms; longer rows use the O(size) top-k route."""
+"""Rows up to this long may be sorted whole on the CPU (:func:`stable_argsort_desc`): numpy's
+quicksort of a (1000, 100) block takes ~0.4 ms where ``torch.sort(stable=True)`` takes
+~2.9 ms."""
+
+
+_ONE_KERNEL = 4096
+"""Up to this many entries one ``torch.sort`` call beats every multi-step route (a single
+query's rows: the per-call overhead dominates)."""
 
 
 def stable_argsort_desc(key: Tensor) -> Tensor:
@@ -25,7 +30,11 @@ def stable_argsort_desc(key: Tensor) -> Tensor:
     entries is left unspecified (callers use ``-inf`` for "not selectable"). ``key`` must not
     hold NaN. Elsewhere: ``torch.sort``.
     """
-    if key.device.type != "cpu" or not key.dtype.is_floating_point or key.dtype == torch.bfloat16:
+    if (
+        key.device.type != "cpu"
+        or key.dtype not in (torch.float32, torch.float64)
+        or key.numel() <= _ONE_KERNEL
+    ):
         return torch.sort(key, dim=1, descending=True, stable=True).indices
     neg = -np.ascontiguousarray(key.detach().numpy())
     order = torch.from_numpy(np.argsort(neg, axis=1))
@@ -37,6 +46,30 @@ def stable_argsort_desc(key: Tensor) -> Tensor:
             again = np.argsort(neg[rows.numpy()], axis=1, kind="stable")
             order[rows] = torch.from_numpy(again)
     return order
+
+
+def _first_k(key: Tensor, k: int) -> Tensor:
+    """(R, k) column indices of the first ``k`` entries of each row's stable descending sort
+    of a 2-D CPU float ``key`` (no NaN; ``-inf`` = not selectable, their order unspecified;
+    rows at most :data:`SORT_MAX_ROW` long).
+
+    ``torch.topk`` picks and orders the k largest; its order among equal values is
+    unspecified, so a row where two finite picked values are equal, or where the k-th value
+    also occurs outside the pick, is sorted whole (:func:`stable_argsort_desc`) instead.
+    """
+    if 4 * k > key.shape[1] or key.numel() <= _ONE_KERNEL:  # one sort is cheaper
+        return stable_argsort_desc(key)[:, :k]
+    vals, index = torch.topk(key, k, dim=1)
+    kth = vals[:, -1:]
+    live = kth > float("-inf")
+    straddle = (key == kth).sum(dim=1, keepdim=True) != (vals == kth).sum(dim=1, keepdim=True)
+    adjacent = ((vals[:, 1:] == vals[:, :-1]) & (vals[:, 1:] > float("-inf"))).any(
+        dim=1, keepdim=True
+    )
+    rows = ((straddle & live) | adjacent).reshape(-1).nonzero().reshape(-1)
+    if rows.numel():
+        index[rows] = stable_argsort_desc(key.index_select(0, rows))[:, :k]
+    return index
 
 
 def stable_topk(
@@ -76,7 +109,7 @@ def stable_topk(
         and int((key > float("-inf")).sum()) == int(m.sum())  # no selectable -inf / NaN
     ):
         lead, n = x.shape[:-1], x.shape[-1]
-        index = stable_argsort_desc(key.reshape(-1, n))[:, :k]
+        index = _first_k(key.reshape(-1, n), k)
         out = (x.reshape(-1, n).gather(1, index), index, m.reshape(-1, n).gather(1, index))
         return tuple(t.reshape(*lead, k).movedim(-1, dim) for t in out)  # type: ignore[return-value]
     kth = torch.topk(key, k, dim=-1).values[..., -1:]
