@@ -11,7 +11,8 @@ entries are combined in the same order, so their results are bit-identical on th
 The buffer holds the factors of the agents that have been asked (``n^2 + n`` float64 per
 agent and channel: 2 × 79 KiB for an agent of 100 notes), filled on first use, carried over
 when the union is spliced (a changed agent's block is dropped and refilled when it is next
-asked) and compacted when dropped blocks outweigh the live ones.
+asked), bounded by :func:`cache_limit` (the least recently asked agents' blocks dropped past
+it, never those of the call at hand) and compacted when dropped blocks outweigh the live ones.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor
 
 from soulmem_torch.bank._union import UnionSnapshot
+from soulmem_torch.errors import ValidationError
 from soulmem_torch.functional.ppr_dense import dense_factors, dense_ppr_entries
 
 __all__ = ["DenseStore", "carry_dense", "segment_dense_ppr"]
@@ -31,6 +33,24 @@ __all__ = ["DenseStore", "carry_dense", "segment_dense_ppr"]
 _F64 = torch.float64
 _I64 = torch.int64
 _SLACK = 4096  # floats kept free past the last block: a row window never leaves the buffer
+
+
+def cache_limit() -> int:
+    """Bytes one store may hold (``SOULMEM_DENSE_CACHE_BYTES``, default 1 GiB): past it, the
+    blocks of the agents asked least recently are dropped (and recomputed, to the same bits,
+    when those agents are asked again)."""
+    import os
+
+    raw = os.environ.get("SOULMEM_DENSE_CACHE_BYTES", str(1 << 30))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError(
+            f"SOULMEM_DENSE_CACHE_BYTES: expected a whole number of bytes, found {raw!r}"
+        ) from None
+    if value < 0:
+        raise ValidationError(f"SOULMEM_DENSE_CACHE_BYTES: expected >= 0, found {value}")
+    return value
 
 
 @dataclass(eq=False)
@@ -45,19 +65,35 @@ class DenseStore:
         used: floats written (live and dropped blocks).
         start: per agent position, ``-1`` when absent.
         length: per agent position, the block's floats (0 when absent).
+        last: per agent position, the call that last asked it (for dropping the least
+            recently asked blocks past :func:`cache_limit`).
+        calls: calls so far.
     """
 
     data: Tensor
     used: int
     start: list[int]
     length: list[int]
+    last: list[int]
+    calls: int = 0
     _start_t: Tensor | None = None
 
     @classmethod
     def empty(cls, num_agents: int, device: torch.device) -> DenseStore:
         return cls(
-            torch.empty(0, dtype=_F64, device=device), 0, [-1] * num_agents, [0] * num_agents
+            torch.empty(0, dtype=_F64, device=device),
+            0,
+            [-1] * num_agents,
+            [0] * num_agents,
+            [0] * num_agents,
         )
+
+    def touch(self, positions: list[int]) -> None:
+        """Record one call asking the agents ``positions``."""
+        self.calls += 1
+        last, now = self.last, self.calls
+        for p in positions:
+            last[p] = now
 
     @property
     def live(self) -> int:
@@ -76,12 +112,17 @@ class DenseStore:
         extra = num_agents - len(self.start)
         start = [(-1 if p in dropped else s) for p, s in enumerate(self.start)] + [-1] * extra
         length = [(0 if p in dropped else n) for p, n in enumerate(self.length)] + [0] * extra
-        return DenseStore(self.data, self.used, start, length)
+        last = self.last + [0] * extra
+        return DenseStore(self.data, self.used, start, length, last, self.calls)
 
-    def append(self, blocks: list[Tensor], positions: list[int]) -> None:
-        """Write ``blocks`` (of agents ``positions``) after the others, compacting first when
-        dropped blocks outweigh the live ones and growing the buffer by doubling."""
+    def append(
+        self, blocks: list[Tensor], positions: list[int], *, keep: set[int] | None = None
+    ) -> None:
+        """Write ``blocks`` (of agents ``positions``) after the others: past
+        :func:`cache_limit`, the least recently asked blocks not in ``keep`` are dropped
+        first; compacts when dropped blocks outweigh the live ones; grows by doubling."""
         need = sum(int(b.numel()) for b in blocks) + _SLACK
+        self._evict(need - _SLACK, keep or set())
         if self.used + need > self.data.numel():
             live = self.live
             if self.used > 2 * live:
@@ -97,6 +138,21 @@ class DenseStore:
             self.start[p], self.length[p] = pos, int(block.numel())
             pos += int(block.numel())
         self.used = pos
+        self._start_t = None
+
+    def _evict(self, incoming: int, keep: set[int]) -> None:
+        limit = cache_limit() // 8  # floats
+        live = self.live
+        if live + incoming <= limit:
+            return
+        held = sorted(
+            (self.last[p], p) for p, s in enumerate(self.start) if s >= 0 and p not in keep
+        )
+        for _, p in held:
+            if live + incoming <= limit:
+                break
+            live -= self.length[p]
+            self.start[p], self.length[p] = -1, 0
         self._start_t = None
 
     def _compact(self, capacity: int) -> None:
@@ -129,7 +185,13 @@ def carry_dense(new: UnionSnapshot, old: UnionSnapshot | None, changed: list[int
 
 
 def _fill(
-    union: UnionSnapshot, store: DenseStore, missing: list[int], config: Any, undirected: bool
+    union: UnionSnapshot,
+    store: DenseStore,
+    missing: list[int],
+    config: Any,
+    undirected: bool,
+    *,
+    keep: set[int],
 ) -> None:
     from soulmem_torch.bank._pipeline import _agent_graph
     from soulmem_torch.retrieve._engine import transition
@@ -141,7 +203,7 @@ def _fill(
     for p in missing:  # the first ask of an agent (or after it changed): O(n^3) each
         f = dense_factors(build(_agent_graph(union, p), config), d, cache=False)
         blocks.append(torch.cat([f.inverse_t.reshape(-1), f.dangling_mass]))
-    store.append(blocks, missing)
+    store.append(blocks, missing, keep=keep)
 
 
 def segment_dense_ppr(
@@ -189,9 +251,11 @@ def segment_dense_ppr(
         if not bool(ok.any()):
             continue
         store = _store(union, config, flag, device)
+        asked = involved.tolist()
+        store.touch(asked)
         missing = involved[store.start_tensor(device).index_select(0, involved) < 0].tolist()
         if missing:
-            _fill(union, store, missing, config, flag)
+            _fill(union, store, missing, config, flag, keep=set(asked))
         start = store.start_tensor(device).index_select(0, agent)
         # row ``node`` of each entry's block: ``width`` floats from its first (one window
         # gather; the buffer keeps ``width`` floats of slack past its end), past ``n`` zeroed

@@ -14,6 +14,7 @@ from soulmem_torch import HashingEmbedder, MemoryBank
 from soulmem_torch.bank import _dense
 from soulmem_torch.bank._dense import DenseStore
 from soulmem_torch.bank._pipeline import _association
+from soulmem_torch.errors import ValidationError
 from soulmem_torch.retrieve import (
     AssociateWithActionConfig,
     AssociationConfig,
@@ -319,3 +320,36 @@ def test_mixed_sizes_around_the_limit(device, limit) -> None:
             g = graphs[names.index(name)].to(device)
             want = RetrDefaultPipeline().retrieve(config.into_request(g, vec, device=device))
             assert_same_result(result, want)
+
+
+def test_cache_limit_drops_the_least_recently_asked(monkeypatch) -> None:
+    """Past ``SOULMEM_DENSE_CACHE_BYTES`` the least recently asked agents' blocks are dropped
+    (never those of the call at hand) and recomputed, to the same bits, when asked again."""
+    bank = MemoryBank()
+    names = ["a", "b", "c", "d"]
+    for i, name in enumerate(names):
+        bank.add_agent(name, sample_notes(list(range(10 * i, 10 * i + 20))))
+    cfg = AssociationConfig()
+    sizes = [20, 20, 20, 20]
+    block = (20 * 20 + 20) * 8
+    monkeypatch.setenv("SOULMEM_DENSE_CACHE_BYTES", str(2 * block))  # two agents per store
+    for step, positions in enumerate([[0, 1], [2], [3, 0], [1, 1, 2]]):
+        weights, keys = seeds(sizes, positions, step, torch.device("cpu"))
+        assert_rows_equal(bank, names, positions, weights, keys, cfg, exact={0, 1, 2, 3})
+        for store in dense_stores(bank).values():
+            held = {p for p, s in enumerate(store.start) if s >= 0}
+            assert set(positions) <= held  # the call's own agents are kept
+            assert store.live * 8 <= max(2 * block, len(set(positions)) * block)
+    # step 2 asked d and a: b and c (asked before them) were dropped, then b and c refilled
+    last = dense_stores(bank)
+    for store in last.values():
+        assert {p for p, s in enumerate(store.start) if s >= 0} == {1, 2}
+
+
+def test_cache_limit_must_be_a_byte_count(monkeypatch) -> None:
+    monkeypatch.setenv("SOULMEM_DENSE_CACHE_BYTES", "lots")
+    with pytest.raises(ValidationError, match="SOULMEM_DENSE_CACHE_BYTES"):
+        _dense.cache_limit()
+    monkeypatch.setenv("SOULMEM_DENSE_CACHE_BYTES", "-1")
+    with pytest.raises(ValidationError, match=">= 0"):
+        _dense.cache_limit()
