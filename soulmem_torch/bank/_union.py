@@ -285,6 +285,12 @@ def _chunks(b: int, per_row: int) -> list[slice]:
     return [slice(i, min(i + step, b)) for i in range(0, b, step)]
 
 
+def _safe_norm(x: Tensor) -> Tensor:
+    """Row norms of ``x`` (float32), 1 where a row is all zeros (as ``normalize_rows``)."""
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return torch.where(norm > 0, norm, torch.ones_like(norm))
+
+
 def plain_similarity(union: UnionSnapshot, q: Tensor, idx: Tensor, valid: Tensor) -> Tensor:
     """Plain-mode cosine of each query against its agent's notes: (B, M) float32.
 
@@ -292,9 +298,20 @@ def plain_similarity(union: UnionSnapshot, q: Tensor, idx: Tensor, valid: Tensor
     """
     if union.tag_emb is None:
         raise ValidationError("working_memory: plain queries need notes with embeddings")
-    xn = union.cache.get("tag_normalized")
-    if xn is None:
-        xn = union.cache["tag_normalized"] = normalize_rows(union.tag_emb)
+    # the normalized note vectors, followed by zero rows (as many as the largest agent has
+    # notes) so that every query's window of candidate rows stays inside the tensor
+    padded = union.cache.get("tag_normalized_padded")
+    if padded is None:
+        n, d = union.tag_emb.shape
+        pad = int(union.sizes.max()) if union.num_agents else 0
+        padded = torch.zeros(n + pad, d, dtype=torch.float32, device=union.tag_emb.device)
+        torch.div(
+            union.tag_emb.to(torch.float32),
+            _safe_norm(union.tag_emb.to(torch.float32)),
+            out=padded[:n],
+        )
+        union.cache["tag_normalized_padded"] = padded
+    xn = padded[: union.tag_emb.shape[0]]
     if q.shape[1] != xn.shape[1]:
         raise ValidationError(
             f"query: expected vectors of width {xn.shape[1]}, found width {q.shape[1]}"
@@ -307,10 +324,6 @@ def plain_similarity(union: UnionSnapshot, q: Tensor, idx: Tensor, valid: Tensor
     # each query's candidates are ``m`` consecutive rows from its agent's first note: one
     # window copy per query (rows past the agent's notes are masked below; the padded copy
     # keeps the last window inside the tensor), then one ``bmm`` per chunk
-    padded = union.cache.get("tag_normalized_padded")
-    if padded is None or padded.shape[0] < xn.shape[0] + m:
-        pad = xn.new_zeros(max(int(union.sizes.max()) if union.num_agents else 0, m), d)
-        padded = union.cache["tag_normalized_padded"] = torch.cat([xn, pad])
     windows = padded.as_strided((padded.shape[0] - m + 1, m, d), (d, d, 1))
     first = idx[:, 0] if m else idx.new_zeros(b)
     if len(chunks) == 1:
