@@ -240,6 +240,8 @@ def segment_dense_ppr(
         return outs
     # the (query, key) entries, by query then key: shared by the channels
     entry_row, node = (keys & any_ok.unsqueeze(1)).nonzero(as_tuple=True)
+    if entry_row.numel() == 0:  # rows without keys: nothing to walk from
+        return outs
     agent = agents.index_select(0, entry_row)
     n = union.sizes.index_select(0, agent)
     weight = weights[entry_row, node]

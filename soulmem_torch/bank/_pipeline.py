@@ -460,13 +460,17 @@ def run_pipeline(
             "graph": ppr,
         }
         if "text" in config.channels and any(mem is not None for mem in memories):
-            # (an agent without notes text scores 0 everywhere: a zero channel adds exactly
-            # nothing to the fused reciprocal ranks, so a batch of them leaves it out)
+            # (an agent built from tensors has no note texts: its text row is 0, and a zero
+            # channel adds exactly nothing to the fused reciprocal ranks, so a batch of such
+            # agents leaves the channel out)
             channels["text"] = _text_channel(union, positions, queries, memories, m)
         if ppr_both is not None:  # computed with the directed PPR in stage 3
             channels["graph_undirected"] = ppr_both
         used = [channels[c] for c in config.channels if c in channels]
-        fused = rank_fusion(used, k=config.rank_constant, mask=valid)
+        if used:
+            fused = rank_fusion(used, k=config.rank_constant, mask=valid)
+        else:  # only the text channel, and no agent of the batch has texts
+            fused = torch.zeros(len(queries), m, dtype=_F64, device=device)
         # a note is in the list when some channel scored it (finite, > 0): exactly where the
         # fused reciprocal ranks (0 for unscored or masked entries) are positive
         _, m_values, m_index, m_valid = _topk(fused, fused > 0, config.merge_top_k)

@@ -35,6 +35,7 @@ from soulmem_torch.functional.ppr import (
     ppr_power_iteration,
     ppr_sequential_push,
 )
+from soulmem_torch.functional.ppr_dense import DenseFactors, dense_factors, ppr_dense
 from soulmem_torch.functional.similarity import (
     BlendWeights,
     cosine_scores,
@@ -54,6 +55,7 @@ __all__ = [
     "relative_seeds",
     "undirected_edges",
     "BlendWeights",
+    "DenseFactors",
     "cosine_scores",
     "embedding_scores",
     "fuse_string_scores",
@@ -70,10 +72,12 @@ __all__ = [
     "bayes_action_scores",
     "build_transition",
     "compute_rowptr",
+    "dense_factors",
     "dynamic_edge_weight",
     "normalized_edge_weight",
     "out_weight_sum",
     "power_iteration_steps",
+    "ppr_dense",
     "ppr_forward_push",
     "ppr_naive",
     "ppr_power_iteration",

@@ -116,8 +116,8 @@ def reciprocal_rank(
 def _first_sorted(key: Tensor, k: int) -> Tensor:
     """Column indices of the first ``k`` entries of each row's stable descending sort of
     ``key`` (no NaN; ``-inf`` = not selectable, order among them unspecified), in that order:
-    one sort for short rows or large ``k``, else
-    :func:`~soulmem_torch.functional.topk.stable_topk` (the same entries, O(size) per row)."""
+    on the CPU for rows up to ``SORT_MAX_ROW`` long ``topk._first_k`` (a top-k with an
+    exactness check, or one sort), else :func:`~soulmem_torch.functional.topk.stable_topk`."""
     if (
         key.device.type == "cpu"
         and key.shape[1] <= SORT_MAX_ROW

@@ -28,6 +28,9 @@ Functions:
 * :func:`ppr_forward_push` -- batched, vectorized forward push over ``(N, B)`` residues.
 * :func:`ppr_power_iteration` -- batched weighted power iteration to a certified L1 tolerance.
 * :func:`ppr_naive` -- the original's unweighted ``naive_ppr``.
+* :func:`~soulmem_torch.functional.ppr_dense.ppr_dense` (module ``ppr_dense``) -- the exact
+  PPR of a small graph from a cached dense inverse of ``I - d P^T`` (the ``power`` method's
+  route for graphs of at most ``power_dense_max_nodes`` notes).
 
 Modules (this one re-exports them all, private helpers included, so existing imports keep
 working):
