@@ -17,6 +17,7 @@ from soulmem_torch.retrieve import (
     AssociateWithActionConfig,
     DefaultPipelineConfig,
     RetrDefaultPipeline,
+    SimilarityConfig,
 )
 from soulmem_torch.retrieve._engine import run_association
 from soulmem_torch.retrieve.config import AssociationConfig
@@ -449,3 +450,24 @@ def test_short_term_window_is_each_agents_own() -> None:
     assert len(got_a.short_history) == 2 and got_b.short_history == []
     assert got_a2.short_history == got_a.short_history
     assert got_a2.short_history is not got_a.short_history  # each result owns its list
+
+
+def test_channels_without_scores_give_the_per_agent_lists() -> None:
+    """Agents built from tensors have no note texts: a text-only fusion scores nothing (empty
+    lists, as a per-agent pipeline gives) and the text channel adds nothing to the others."""
+    graphs = [random_agent_graph(12, 30, 4, s) for s in range(3)]
+    bank = MemoryBank(embedder=HashingEmbedder(dim=4))
+    for i, g in enumerate(graphs):
+        bank.add_agent_graph(f"t{i}", g)
+    gen = torch.Generator().manual_seed(5)
+    queries = [("t0", torch.randn(4, generator=gen)), ("t2", torch.randn(4, generator=gen))]
+    for channels in (["text"], ["seeds", "text", "graph"], ["seeds", "graph"]):
+        cfg = DefaultPipelineConfig(
+            similarity=SimilarityConfig(similarity_threshold=-1.0), channels=channels
+        )
+        got = bank.query(queries, config=cfg)
+        for (agent, vec), result in zip(queries, got):
+            want = RetrDefaultPipeline().retrieve(cfg.into_request(bank.graph(agent), vec))
+            assert_same_result(result, want)
+            if channels == ["text"]:
+                assert result.association == []
