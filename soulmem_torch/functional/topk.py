@@ -48,18 +48,10 @@ def stable_argsort_desc(key: Tensor) -> Tensor:
     return order
 
 
-def _first_k(key: Tensor, k: int) -> Tensor:
-    """(R, k) column indices of the first ``k`` entries of each row's stable descending sort
-    of a 2-D CPU float ``key`` (no NaN; ``-inf`` = not selectable, their order unspecified;
-    rows at most :data:`SORT_MAX_ROW` long).
-
-    ``torch.topk`` picks and orders the k largest; its order among equal values is
-    unspecified, so a row where two finite picked values are equal, or where the k-th value
-    also occurs outside the pick, is sorted whole (:func:`stable_argsort_desc`) instead.
-    """
-    if 4 * k > key.shape[1] or key.numel() <= _ONE_KERNEL:  # one sort is cheaper
-        return stable_argsort_desc(key)[:, :k]
-    vals, index = torch.topk(key, k, dim=1)
+def _checked(key: Tensor, vals: Tensor, index: Tensor) -> Tensor:
+    """``torch.topk``'s ``index`` made exact: rows whose picked finite values tie, or whose
+    k-th value recurs outside the pick, sorted whole and stably."""
+    k = index.shape[1]
     kth = vals[:, -1:]
     live = kth > float("-inf")
     straddle = (key == kth).sum(dim=1, keepdim=True) != (vals == kth).sum(dim=1, keepdim=True)
@@ -70,6 +62,43 @@ def _first_k(key: Tensor, k: int) -> Tensor:
     if rows.numel():
         index[rows] = stable_argsort_desc(key.index_select(0, rows))[:, :k]
     return index
+
+
+def _first_k(key: Tensor, k: int, selectable: int | None = None) -> Tensor:
+    """(R, k) column indices of the first ``k`` entries of each row's stable descending sort
+    of a 2-D CPU float ``key`` (no NaN; ``-inf`` = not selectable, their order unspecified;
+    rows at most :data:`SORT_MAX_ROW` long).
+
+    numpy's ``argpartition`` (``torch.topk`` when most of ``key`` is ``-inf``; ``selectable``:
+    how many entries are not, if known) picks the k largest and a small sort orders them; the
+    order among equal values is unspecified there, so a row where two finite picked values are
+    equal, or where the k-th value also occurs outside the pick, is sorted whole
+    (:func:`stable_argsort_desc`) instead.
+    """
+    if 4 * k > key.shape[1] or key.numel() <= _ONE_KERNEL:  # one sort is cheaper
+        return stable_argsort_desc(key)[:, :k]
+    if selectable is None:
+        selectable = int((key > float("-inf")).sum())
+    if 4 * selectable < key.numel():  # mostly -inf: torch.topk is the faster pick there
+        return _checked(key, *torch.topk(key, k, dim=1))
+    # numpy's introselect picks the k largest (unordered; ~1.6x faster than torch.topk on
+    # dense rows), a sort of the k orders them
+    neg = -np.ascontiguousarray(key.detach().numpy())
+    pick = np.argpartition(neg, k - 1, axis=1)[:, :k]
+    vals = np.take_along_axis(neg, pick, axis=1)
+    order = np.argsort(vals, axis=1)
+    index = np.take_along_axis(pick, order, axis=1)
+    vals = np.take_along_axis(vals, order, axis=1)
+    kth = vals[:, -1:]
+    live = kth != np.inf  # (-inf keys are +inf here: not selectable, their order is free)
+    straddle = (neg == kth).sum(axis=1, keepdims=True) != (vals == kth).sum(axis=1, keepdims=True)
+    adjacent = ((vals[:, 1:] == vals[:, :-1]) & (vals[:, 1:] != np.inf)).any(axis=1, keepdims=True)
+    rows = np.flatnonzero((straddle & live) | adjacent)
+    out = torch.from_numpy(index)
+    if rows.size:
+        again = torch.from_numpy(rows)
+        out[again] = stable_argsort_desc(key.index_select(0, again))[:, :k]
+    return out
 
 
 def stable_topk(
@@ -106,10 +135,10 @@ def stable_topk(
         x.device.type == "cpu"
         and x.shape[-1] <= SORT_MAX_ROW
         and x.dtype in (torch.float32, torch.float64)
-        and int((key > float("-inf")).sum()) == int(m.sum())  # no selectable -inf / NaN
-    ):
+        and (selectable := int(m.sum())) == int((key > float("-inf")).sum())
+    ):  # (no selectable -inf / NaN)
         lead, n = x.shape[:-1], x.shape[-1]
-        index = _first_k(key.reshape(-1, n), k)
+        index = _first_k(key.reshape(-1, n), k, selectable)
         out = (x.reshape(-1, n).gather(1, index), index, m.reshape(-1, n).gather(1, index))
         return tuple(t.reshape(*lead, k).movedim(-1, dim) for t in out)  # type: ignore[return-value]
     kth = torch.topk(key, k, dim=-1).values[..., -1:]
