@@ -31,11 +31,10 @@ from soulmem_torch.functional.codes import (
     NODE_SEMANTIC,
     NODE_SPECIFIC,
 )
-from soulmem_torch.functional.edge_weights import dynamic_edge_weight
 from soulmem_torch.functional.fusion import undirected_edges
 from soulmem_torch.functional.ppr import build_transition, power_iteration_steps
 from soulmem_torch.functional.similarity import BlendWeights, normalize_rows
-from soulmem_torch.retrieve._engine import _weight_key
+from soulmem_torch.retrieve._engine import _weight_key, dynamic_weights
 
 __all__ = ["UnionSnapshot", "build_union"]
 
@@ -605,16 +604,7 @@ def union_transition(union: UnionSnapshot, config: Any, *, undirected: bool = Fa
     if op is None:
         op = _splice(union, key, config)
     if op is None:
-        w = dynamic_edge_weight(
-            union.edge_index,
-            union.edge_kind,
-            union.intensity,
-            union.confidence,
-            union.node_type,
-            preference=config.preference.boosts,
-            intensity_factor=config.resolved_intensity_factor,
-            confidence_factor=config.resolved_confidence_factor,
-        )
+        w = dynamic_weights(union, config)
         edge_index = union.edge_index
         if undirected:
             edge_index, w = undirected_edges(edge_index, w)

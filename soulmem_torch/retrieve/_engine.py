@@ -128,22 +128,28 @@ def _weight_key(config: AssociationConfig) -> tuple[Any, ...]:
     )
 
 
+def dynamic_weights(graph: Any, config: AssociationConfig) -> Tensor:
+    """Dynamic edge weights (docs/spec.md §5), float64, of anything with a snapshot's edge
+    fields (``edge_index``, ``edge_kind``, ``intensity``, ``confidence``, ``node_type``): one
+    agent's snapshot or the bank's union. Not cached (see :func:`edge_weights`)."""
+    return dynamic_edge_weight(
+        graph.edge_index,
+        graph.edge_kind,
+        graph.intensity,
+        graph.confidence,
+        graph.node_type,
+        preference=config.preference.boosts,
+        intensity_factor=config.resolved_intensity_factor,
+        confidence_factor=config.resolved_confidence_factor,
+    )
+
+
 def edge_weights(graph: Any, config: AssociationConfig) -> Tensor:
     """Dynamic edge weights (docs/spec.md §5), float64, cached on the snapshot per preference/factors."""
     key = ("edge_weight", *_weight_key(config))
     cached = graph.cache.get(key)
     if cached is None:
-        cached = dynamic_edge_weight(
-            graph.edge_index,
-            graph.edge_kind,
-            graph.intensity,
-            graph.confidence,
-            graph.node_type,
-            preference=config.preference.boosts,
-            intensity_factor=config.resolved_intensity_factor,
-            confidence_factor=config.resolved_confidence_factor,
-        )
-        graph.cache[key] = cached
+        cached = graph.cache[key] = dynamic_weights(graph, config)
     return cached
 
 
