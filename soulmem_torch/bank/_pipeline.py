@@ -39,6 +39,7 @@ from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SPECIFIC
 from soulmem_torch.functional.fusion import rank_fusion, relative_seeds
 from soulmem_torch.functional.topk import stable_topk
 from soulmem_torch.retrieve._gcpause import gc_paused
+from soulmem_torch.retrieve.similarity import _is_plain, structured_batch
 
 __all__ = ["run_pipeline", "supported_config"]
 
@@ -104,10 +105,6 @@ def _agent_graph(union: UnionSnapshot, p: int) -> Any:
     if moved is None:
         moved = union.cache[key] = graph.to(union.device)
     return moved
-
-
-def _is_plain(q: Any) -> bool:
-    return isinstance(q, (str, Tensor))
 
 
 def _topk(scores: Tensor, mask: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -249,26 +246,9 @@ def _similarity(
             raise ValidationError("working_memory: plain queries need notes with embeddings")
         q = _plain_vectors(queries, embedder, int(union.tag_emb.shape[1]), union.device)
         return plain_similarity(union, q, idx, valid)
-    if any(_is_plain(q) for q in queries):
-        raise ValidationError(
-            "query: a batch must be all structured queries or all plain (tensor / text) queries"
-        )
-    from soulmem_torch.embedding.query_embedding import QueryEmbeddingBatch, embed_queries
-    from soulmem_torch.retrieve.similarity import _concat
-
+    batch, embedded = structured_batch(queries, embedder, union.device)
     string = None
-    if all(isinstance(q, QueryEmbeddingBatch) for q in queries):
-        batch = queries[0] if len(queries) == 1 else _concat(queries)
-    else:
-        if any(isinstance(q, QueryEmbeddingBatch) for q in queries):
-            raise ValidationError(
-                "query: a batch must be all embedded (QueryEmbeddingBatch) or all unembedded"
-            )
-        if embedder is None:
-            raise ValidationError(
-                "embedder: structured queries need an embedder (or pass a QueryEmbeddingBatch)"
-            )
-        batch = embed_queries(list(queries), embedder, device=union.device)
+    if embedded:  # raw queries: the exact-identifier channel
         string = _string_channel(union, positions, queries, memories, weights, idx.shape[1])
     b, m = idx.shape
     if grouped_is_cheaper(union, b, len(set(positions)), m):

@@ -88,27 +88,43 @@ def similarity_scores(
     device = graph.device
     if all(_is_plain(q) for q in queries):
         return _plain_scores(graph, queries, embedder)
-    if any(_is_plain(q) for q in queries):
-        raise ValidationError(
-            "query: a batch must be all structured queries or all plain (tensor / text) queries"
-        )
-    from soulmem_torch.embedding.query_embedding import QueryEmbeddingBatch, embed_queries
-
+    batch, embedded = structured_batch(queries, embedder, device)
     string = None
-    if all(isinstance(q, QueryEmbeddingBatch) for q in queries):
-        batch = queries[0] if len(queries) == 1 else _concat(queries)
-    else:
-        if embedder is None:
-            raise ValidationError(
-                "embedder: structured queries need an embedder (or pass a QueryEmbeddingBatch)"
-            )
-        batch = embed_queries(list(queries), embedder, device=device)
+    if embedded:  # raw queries: their identifiers may match notes exactly
         index = _identifier_index(graph, memory)
         if index is not None:
             from soulmem_torch.embedding.identifiers import string_scores
 
             string = string_scores(list(queries), index, weights=weights, device=device)
     return batch.score(graph, weights=weights, string_scores=string)
+
+
+def structured_batch(queries: Sequence[Any], embedder: Any, device: Any) -> tuple[Any, bool]:
+    """One ``QueryEmbeddingBatch`` for B structured queries: the given batches concatenated,
+    or the raw queries embedded with ``embedder`` (then the second value is True: the caller
+    adds their string channel). Shared by the retrieve layer and the ``MemoryBank``.
+
+    Raises:
+        ValidationError: plain (tensor / text) and structured queries mixed, embedded and
+            unembedded ones mixed, or raw queries without an embedder.
+    """
+    from soulmem_torch.embedding.query_embedding import QueryEmbeddingBatch, embed_queries
+
+    if any(_is_plain(q) for q in queries):
+        raise ValidationError(
+            "query: a batch must be all structured queries or all plain (tensor / text) queries"
+        )
+    if all(isinstance(q, QueryEmbeddingBatch) for q in queries):
+        return (queries[0] if len(queries) == 1 else _concat(queries)), False
+    if any(isinstance(q, QueryEmbeddingBatch) for q in queries):
+        raise ValidationError(
+            "query: a batch must be all embedded (QueryEmbeddingBatch) or all unembedded"
+        )
+    if embedder is None:
+        raise ValidationError(
+            "embedder: structured queries need an embedder (or pass a QueryEmbeddingBatch)"
+        )
+    return embed_queries(list(queries), embedder, device=device), True
 
 
 def _concat(batches: Sequence[Any]) -> Any:
