@@ -247,6 +247,7 @@ def segment_dense_ppr(
     weight = weights[entry_row, node]
     involved = torch.unique(agents.index_select(0, rows))
     width = int(union.sizes.index_select(0, involved).max())
+    asked = involved.tolist()
     inside = None
     if width > int(n.min()):
         inside = torch.arange(width, device=device).unsqueeze(0) < n.unsqueeze(1)
@@ -254,7 +255,6 @@ def segment_dense_ppr(
         if not bool(ok.any()):
             continue
         store = _store(union, config, flag, device)
-        asked = involved.tolist()
         store.touch(asked)
         missing = involved[store.start_tensor(device).index_select(0, involved) < 0].tolist()
         if missing:
