@@ -1,11 +1,13 @@
-"""The text channel of the fused pipeline: whole-note BM25 over character-bigram terms.
+"""The text channel of the fused pipeline: whole-note BM25 over words and character bigrams.
 
 Every note kind (concepts, situations, actions) is one document: all of its strings (content,
 aliases, description, narrative, names, roles, atmospheres, actions, …; not its tags or enum
 variant names). A query is the set of its strings' terms. Terms (:func:`text_terms`): NFKC +
 casefold; inside a run of CJK characters the character bigrams (a one-character run: the
-character); other text: its words. Bigrams are the usual index unit for Chinese / Japanese
-without a dictionary, and need no model and no download.
+character); other text: its words, English stopwords left out and every word reduced to its
+Snowball (Porter 2) stem (``snowballstemmer``: "visited", "visits" → "visit"). Bigrams are the
+usual index unit for Chinese / Japanese without a dictionary; stems and stopwords the usual
+ones for English (docs/spec.md §7, DECISION "text terms"). No model, no download.
 
 The note-term matrix and its BM25 weights (IDF and average length of *this* memory's notes) are
 built once per graph snapshot and cached on it (:func:`text_index`); queries are turned into a
@@ -32,7 +34,15 @@ if TYPE_CHECKING:
     from soulmem_torch.model import MemoryNote
     from soulmem_torch.retrieve._types import MemorySource
 
-__all__ = ["TextIndex", "note_strings", "query_strings", "text_index", "text_scores", "text_terms"]
+__all__ = [
+    "STOPWORDS",
+    "TextIndex",
+    "note_strings",
+    "query_strings",
+    "text_index",
+    "text_scores",
+    "text_terms",
+]
 
 _RUNS = re.compile(
     r"(?P<cjk>[\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
@@ -41,13 +51,44 @@ _RUNS = re.compile(
 _SKIP_KEYS = frozenset({"concept_type", "action_type", "time_span"})
 
 
+# The classic English stopword list (Snowball's, as shipped by NLTK and Lucene), apostrophes
+# stripped to match the word pattern; words that carry meaning in questions ("first", "last",
+# "before", "after") stay.
+STOPWORDS: frozenset[str] = frozenset(
+    """a about am an and any are as at be been being both but by can could d did do does doing
+    down during each few for from further had has have having he her here hers herself him
+    himself his how i if in into is it its itself just ll m ma me mightn more most my myself
+    needn no nor not now o of off on once only or other our ours ourselves out own re s same
+    shan she should so some such t than that the their theirs them themselves then there these
+    they this those through to too under until up ve very was we were what when where which
+    while who whom why will with would y you your yours yourself yourselves""".split()
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _stemmer() -> Any:
+    import snowballstemmer
+
+    return snowballstemmer.stemmer("english")
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _stem(word: str) -> str:
+    return _stemmer().stemWord(word)
+
+
 @functools.lru_cache(maxsize=8192)
 def _terms(text: str) -> tuple[str, ...]:
     return tuple(_split(text))
 
 
 def text_terms(text: str) -> list[str]:
-    """Terms of a text: CJK character bigrams (a lone CJK character as itself), other words."""
+    """Terms of a text: CJK character bigrams (a lone CJK character as itself), other words
+    stemmed, English stopwords left out.
+
+    >>> text_terms("I visited the museums")
+    ['visit', 'museum']
+    """
     return list(_terms(text))
 
 
@@ -57,7 +98,9 @@ def _split(text: str) -> list[str]:
     for match in _RUNS.finditer(norm):
         run = match.group("cjk")
         if run is None:
-            out.append(match.group("word"))
+            word = match.group("word")
+            if word not in STOPWORDS:
+                out.append(_stem(word))
         elif len(run) == 1:
             out.append(run)
         else:

@@ -1,0 +1,269 @@
+"""``soulmem eval --format longmemeval|locomo``: conversational benchmarks through one bank.
+
+Every haystack (a LongMemEval question's sessions, a LoCoMo conversation) is one agent of one
+:class:`~soulmem_torch.bank.MemoryBank`; all questions are answered by one ``bank.ask`` call
+(each with its own date as the time of asking). Rankings hold the benchmark's own ids —
+session ids at session level, turn ids at turn level (LongMemEval ``f"{session}_{i+1}"``, LoCoMo
+dia_ids) — at least ``depth`` long (the retrieved list, then the rest of the corpus in its
+order), so anyone can score them with the official code. Metrics: :mod:`.metrics`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from soulmem_torch.chat._types import ChatSession
+from soulmem_torch.chat.mapping import sessions_to_notes
+from soulmem_torch.chat.metrics import (
+    locomo_recall,
+    longmemeval_corpus_ids,
+    ndcg_any,
+    recall_all,
+    recall_any,
+    turns_to_sessions,
+)
+from soulmem_torch.chat.readers import LoCoMoSample, LongMemEvalQuestion, locomo_session_of
+from soulmem_torch.errors import ValidationError
+
+__all__ = ["ChatEvalReport", "evaluate_locomo", "evaluate_longmemeval", "rank_haystacks"]
+
+K_VALUES = (1, 3, 5, 10)
+Level = Literal["session", "turn"]
+
+
+@dataclass
+class ChatEvalReport:
+    """Metrics (``summary``: name → value), per-question rankings (``rankings``: ``(question
+    id, [ids, best first])``), question counts and timings of one benchmark run."""
+
+    format: str
+    level: str
+    summary: dict[str, float]
+    rankings: list[tuple[str, list[str]]]
+    counts: dict[str, int] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    groups: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def rank_haystacks(
+    haystacks: Sequence[Sequence[ChatSession]],
+    owners: Sequence[int],
+    questions: Sequence[str],
+    times: Sequence[datetime | None],
+    *,
+    level: Level,
+    roles: Sequence[str] | None,
+    config: Any = None,
+    embedder: Any = None,
+    device: Any = None,
+    depth: int = 50,
+    timings: dict[str, float] | None = None,
+) -> list[list[str]]:
+    """The ranking (source ids, best first, ≥ ``depth`` long or the whole corpus) of each
+    question against its haystack ``haystacks[owners[q]]``, all in one bank call."""
+    from soulmem_torch.bank import MemoryBank
+    from soulmem_torch.retrieve import DefaultPipelineConfig
+
+    if len(owners) != len(questions) or len(times) != len(questions):
+        raise ValidationError(
+            f"owners / times: expected {len(questions)} entries (one per question), found "
+            f"{len(owners)} / {len(times)}"
+        )
+    timings = {} if timings is None else timings
+    config = DefaultPipelineConfig() if config is None else config
+    if config.merge_top_k < depth:
+        config = config.model_copy(update={"merge_top_k": depth})
+    t0 = time.perf_counter()
+    made = [sessions_to_notes(h, level=level, roles=roles) for h in haystacks]
+    timings["notes_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    bank = MemoryBank(embedder=embedder, device=device)
+    for i, m in enumerate(made):
+        bank.add_agent(f"haystack-{i}", m.notes)
+    timings["embed_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    results = bank.ask(
+        [f"haystack-{o}" for o in owners], list(questions), config=config
+    )
+    timings["ask_s"] = time.perf_counter() - t0
+    out = []
+    for o, r in zip(owners, results):
+        m = made[o]
+        ranking: list[str] = []
+        seen: set[str] = set()
+        for note_id, _ in r.association:
+            s = m.source.get(note_id)
+            if s is not None and s not in seen:
+                seen.add(s)
+                ranking.append(s)
+        for note_id in m.corpus:  # the rest of the corpus, in its order
+            if len(ranking) >= depth:
+                break
+            s = m.source[note_id]
+            if s not in seen:
+                seen.add(s)
+                ranking.append(s)
+        out.append(ranking)
+    return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def evaluate_longmemeval(
+    questions: Sequence[LongMemEvalQuestion],
+    *,
+    level: Level = "session",
+    include_assistant: bool = False,
+    config: Any = None,
+    embedder: Any = None,
+    device: Any = None,
+    depth: int = 50,
+) -> ChatEvalReport:
+    """LongMemEval's retrieval metrics (``paper``: the non-abstention questions; ``strict``:
+    also without the questions whose gold is empty) at ``level`` and, for a turn ranking, at
+    session level too; plus ``recall_any@k`` over all questions against
+    ``answer_session_ids``."""
+    roles = ("user", "assistant") if include_assistant else ("user",)
+    timings: dict[str, float] = {}
+    rankings = rank_haystacks(
+        [q.sessions for q in questions],
+        list(range(len(questions))),
+        [q.question for q in questions],
+        [q.question_date for q in questions],
+        level=level,
+        roles=roles,
+        config=config,
+        embedder=embedder,
+        device=device,
+        depth=depth,
+        timings=timings,
+    )
+    per: dict[str, list[tuple[float, bool]]] = {}
+
+    def add(name: str, value: float, strict_ok: bool) -> None:
+        per.setdefault(name, []).append((value, strict_ok))
+
+    every: dict[str, list[float]] = {}
+    levels = ["session"] if level == "session" else ["turn", "session"]
+    for q, ranking in zip(questions, rankings):
+        sids = [s.id for s in q.sessions]
+        turns = [[(str(t.id), t.role, bool(t.has_answer)) for t in s.turns] for s in q.sessions]
+        for k in K_VALUES:
+            top = turns_to_sessions(ranking) if level == "turn" else ranking
+            every.setdefault(f"all/recall_any@{k}", []).append(
+                recall_any(top, q.answer_session_ids, k)
+            )
+        if q.abstention:
+            continue
+        for lv in levels:
+            corpus, renamed = longmemeval_corpus_ids(sids, turns, level=lv, roles=roles)
+            gold = sorted({c for c in corpus if "answer" in c})
+            if lv == level:
+                ranked = [renamed.get(x, x) for x in ranking]
+            else:  # the turn ranking scored at session level
+                ranked = [renamed.get(x, x) for x in turns_to_sessions(ranking)]
+            for k in K_VALUES:
+                add(f"{lv}/recall_any@{k}", recall_any(ranked, gold, k), bool(gold))
+                add(f"{lv}/recall_all@{k}", recall_all(ranked, gold, k), bool(gold))
+                add(f"{lv}/ndcg_any@{k}", ndcg_any(ranked, gold, corpus, k), bool(gold))
+    summary: dict[str, float] = {}
+    for name, values in per.items():
+        summary[f"paper/{name}"] = _mean([v for v, _ in values])
+        summary[f"strict/{name}"] = _mean([v for v, ok in values if ok])
+    for name, values in every.items():
+        summary[name] = _mean(values)
+    n_paper = sum(not q.abstention for q in questions)
+    first = next(iter(per.values()), [])
+    return ChatEvalReport(
+        "longmemeval",
+        level,
+        summary,
+        [(q.question_id, r) for q, r in zip(questions, rankings)],
+        counts={
+            "questions": len(questions),
+            "paper": n_paper,
+            "strict": sum(ok for _, ok in first),
+        },
+        timings=timings,
+    )
+
+
+def evaluate_locomo(
+    samples: Sequence[LoCoMoSample],
+    *,
+    level: Level = "turn",
+    config: Any = None,
+    embedder: Any = None,
+    device: Any = None,
+    depth: int = 50,
+) -> ChatEvalReport:
+    """LoCoMo's retrieval metrics: the fraction of a question's evidence dia_ids in the top k
+    (turn level) and of their sessions in the top-k sessions (questions without evidence score
+    1), per category and over categories 1–4 (``overall``); every turn of both speakers is in
+    the corpus."""
+    qs = [(i, q) for i, s in enumerate(samples) for q in s.questions]
+    timings: dict[str, float] = {}
+    rankings = rank_haystacks(
+        [s.sessions for s in samples],
+        [i for i, _ in qs],
+        [q.question for _, q in qs],
+        [
+            max((t.time for t in s.sessions if t.time is not None), default=None)
+            for s in samples
+            for _ in s.questions
+        ],
+        level=level,
+        roles=None,
+        config=config,
+        embedder=embedder,
+        device=device,
+        depth=depth,
+        timings=timings,
+    )
+    groups: dict[str, dict[str, list[float]]] = {}
+    for (_, q), ranking in zip(qs, rankings):
+        sessions_ranked = (
+            ranking if level == "session" else list(dict.fromkeys(_session(t) for t in ranking))
+        )
+        gold_sessions = list(dict.fromkeys(_session(e) for e in q.evidence))
+        names = [f"category_{q.category}"] + (["overall"] if 1 <= q.category <= 4 else [])
+        for name in names:
+            g = groups.setdefault(name, {})
+            for k in K_VALUES:
+                if level == "turn":
+                    g.setdefault(f"turn/recall@{k}", []).append(
+                        locomo_recall(ranking, q.evidence, k)
+                    )
+                g.setdefault(f"session/recall@{k}", []).append(
+                    locomo_recall(sessions_ranked, gold_sessions, k)
+                )
+            g.setdefault("count", []).append(1.0)
+    out_groups = {
+        name: {m: (sum(v) if m == "count" else _mean(v)) for m, v in g.items()}
+        for name, g in sorted(groups.items())
+    }
+    overall = out_groups.get("overall", {})
+    return ChatEvalReport(
+        "locomo",
+        level,
+        {m: v for m, v in overall.items() if m != "count"},
+        [(q.id, r) for (_, q), r in zip(qs, rankings)],
+        counts={"questions": len(qs), "overall": int(overall.get("count", 0))},
+        timings=timings,
+        groups=out_groups,
+    )
+
+
+def _session(dia_or_session: str) -> str:
+    if dia_or_session.startswith("session_"):
+        return dia_or_session
+    try:
+        return locomo_session_of(dia_or_session)
+    except ValidationError:
+        return dia_or_session
