@@ -69,8 +69,10 @@ def note_label(note: MemoryNote, *, width: int = 60) -> str:
         text = mt.narrative
     elif isinstance(mt, AbstractSituation):
         leaf = mt.leaf
-        text = getattr(leaf, "name", None) or getattr(leaf, "action", None) or getattr(
-            leaf, "atmosphere", ""
+        text = (
+            getattr(leaf, "name", None)
+            or getattr(leaf, "action", None)
+            or getattr(leaf, "atmosphere", "")
         )
         text = f"{mt.kind}: {text}"
     elif isinstance(mt, ProcMemory):
@@ -154,6 +156,67 @@ class SoulMem:
         if readable_ids:
             self.readable_ids.update(readable_ids)
         return sum(bool(a) for a in added)
+
+    def add_sessions(
+        self,
+        sessions: Iterable[Any],
+        *,
+        level: str = "turn",
+        roles: Sequence[str] | None = None,
+    ) -> int:
+        """Adds a chat history (``ChatSession`` objects, e.g. from
+        :func:`soulmem_torch.chat.read_chat_jsonl`) as notes; returns how many were new.
+
+        The mapping is docs/spec.md §10: at ``level="turn"`` every turn (of ``roles``; ``None``:
+        all, user and assistant alike) becomes a dated situation with its speaker, each
+        session an episode linked to its turns, neighbouring turns linked, each speaker a
+        concept; ``level="session"``: one situation per session. Every note keeps its source
+        session / turn id (:meth:`chat_source`).
+
+        Example:
+            >>> from datetime import datetime, timezone
+            >>> from soulmem_torch import SoulMem
+            >>> from soulmem_torch.chat import ChatSession, ChatTurn
+            >>> day = datetime(2024, 5, 1, tzinfo=timezone.utc)
+            >>> chat = ChatSession("s1", day, (ChatTurn("Ann", "user", "I adopted a cat"),
+            ...                                 ChatTurn("bot", "assistant", "Lovely!")))
+            >>> mem = SoulMem()
+            >>> mem.add_sessions([chat])  # two turns, one episode, two speakers
+            5
+            >>> (r,) = mem.ask("my cat")
+            >>> mem.chat_source(r.association[0][0])
+            ('s1', 's1_1')
+        """
+        from soulmem_torch.chat.mapping import SPEAKER_TAG, sessions_to_notes
+
+        known = {  # the speakers an earlier call made: linked to, not made again
+            t[len(SPEAKER_TAG) :]: e.note.id
+            for e in self.cluster
+            for t in e.note.tags
+            if t.startswith(SPEAKER_TAG)
+        }
+        made = sessions_to_notes(
+            sessions,
+            level=level,  # type: ignore[arg-type]
+            roles=roles,
+            known_speakers=known,
+        )
+        return self.add_notes(made.notes)
+
+    def chat_source(self, id: MemoryId) -> tuple[str | None, str | None]:
+        """``(session id, turn id)`` a note added by :meth:`add_sessions` came from (``None``
+        where it has none, e.g. a speaker; ``(None, None)`` for other notes).
+
+        Raises:
+            NotFoundError: ``id`` is not in this memory.
+        """
+        from soulmem_torch.chat import chat_source
+        from soulmem_torch.errors import NotFoundError
+
+        entry = self.cluster.get(id)
+        if entry is None:
+            raise NotFoundError(f"id: {id} is not in this memory")
+        return chat_source(entry.note)
 
     @classmethod
     def from_notes(cls, notes: Iterable[MemoryNote], **kwargs: Any) -> SoulMem:
@@ -340,7 +403,9 @@ class SoulMem:
     ) -> list[list[tuple[MemoryId, float]]]:
         """Association (PPR) from scored sources, one list per request."""
         config = config or AssociationConfig()
-        requests = [config.into_request(self.working_memory, s, device=self.device) for s in sources]
+        requests = [
+            config.into_request(self.working_memory, s, device=self.device) for s in sources
+        ]
         return RetrAssociation().retrieve_batch(requests)
 
     async def forget(
@@ -408,6 +473,4 @@ class SoulMem:
                 "forget_sync: an event loop is already running in this thread; use "
                 "`await mem.forget(...)` here instead"
             )
-        return asyncio.run(
-            self.forget(now=now, llm=llm, progress=progress, **options)
-        )
+        return asyncio.run(self.forget(now=now, llm=llm, progress=progress, **options))

@@ -237,6 +237,32 @@ class MemoryBank:
         self._dirty = True
         return added
 
+    def add_sessions(
+        self,
+        agent_id: str,
+        sessions: Iterable[Any],
+        *,
+        level: str = "turn",
+        roles: Sequence[str] | None = None,
+    ) -> int:
+        """Adds a chat history to one agent (created when new), mapped as
+        :meth:`SoulMem.add_sessions <soulmem_torch.api.SoulMem.add_sessions>`; returns how
+        many notes were new."""
+        from soulmem_torch.chat import sessions_to_notes
+
+        with self._lock:
+            if _check_agent_id(agent_id) not in self._agents:
+                made = sessions_to_notes(sessions, level=level, roles=roles)  # type: ignore[arg-type]
+                return self.add_agent(agent_id, made.notes)
+            agent = self._get(agent_id)
+            if agent.mem is None:
+                raise ValidationError(
+                    f"agent_id: {agent_id!r} was added as a tensor snapshot and cannot take notes"
+                )
+            added = agent.mem.add_sessions(sessions, level=level, roles=roles)
+            self._dirty = True
+            return added
+
     def _get(self, agent_id: Any) -> _Agent:
         _check_agent_id(agent_id)
         agent = self._agents.get(agent_id)

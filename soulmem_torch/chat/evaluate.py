@@ -29,7 +29,13 @@ from soulmem_torch.chat.metrics import (
 from soulmem_torch.chat.readers import LoCoMoSample, LongMemEvalQuestion, locomo_session_of
 from soulmem_torch.errors import ValidationError
 
-__all__ = ["ChatEvalReport", "evaluate_locomo", "evaluate_longmemeval", "rank_haystacks"]
+__all__ = [
+    "ChatEvalReport",
+    "HaystackBank",
+    "chat_ablation",
+    "evaluate_locomo",
+    "evaluate_longmemeval",
+]
 
 K_VALUES = (1, 3, 5, 10)
 Level = Literal["session", "turn"]
@@ -49,66 +55,83 @@ class ChatEvalReport:
     groups: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def rank_haystacks(
-    haystacks: Sequence[Sequence[ChatSession]],
-    owners: Sequence[int],
-    questions: Sequence[str],
-    times: Sequence[datetime | None],
-    *,
-    level: Level,
-    roles: Sequence[str] | None,
-    config: Any = None,
-    embedder: Any = None,
-    device: Any = None,
-    depth: int = 50,
-    timings: dict[str, float] | None = None,
-) -> list[list[str]]:
-    """The ranking (source ids, best first, ≥ ``depth`` long or the whole corpus) of each
-    question against its haystack ``haystacks[owners[q]]``, all in one bank call."""
-    from soulmem_torch.bank import MemoryBank
-    from soulmem_torch.retrieve import DefaultPipelineConfig
+@dataclass
+class HaystackBank:
+    """The haystacks of a benchmark as one bank: agent ``f"haystack-{i}"`` holds
+    ``haystacks[i]``'s notes (``made[i]``: its :class:`~soulmem_torch.chat.ChatNotes`)."""
 
-    if len(owners) != len(questions) or len(times) != len(questions):
-        raise ValidationError(
-            f"owners / times: expected {len(questions)} entries (one per question), found "
-            f"{len(owners)} / {len(times)}"
-        )
-    timings = {} if timings is None else timings
-    config = DefaultPipelineConfig() if config is None else config
-    if config.merge_top_k < depth:
-        config = config.model_copy(update={"merge_top_k": depth})
-    t0 = time.perf_counter()
-    made = [sessions_to_notes(h, level=level, roles=roles) for h in haystacks]
-    timings["notes_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    bank = MemoryBank(embedder=embedder, device=device)
-    for i, m in enumerate(made):
-        bank.add_agent(f"haystack-{i}", m.notes)
-    timings["embed_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    results = bank.ask(
-        [f"haystack-{o}" for o in owners], list(questions), config=config
-    )
-    timings["ask_s"] = time.perf_counter() - t0
-    out = []
-    for o, r in zip(owners, results):
-        m = made[o]
-        ranking: list[str] = []
-        seen: set[str] = set()
-        for note_id, _ in r.association:
-            s = m.source.get(note_id)
-            if s is not None and s not in seen:
-                seen.add(s)
-                ranking.append(s)
-        for note_id in m.corpus:  # the rest of the corpus, in its order
-            if len(ranking) >= depth:
-                break
-            s = m.source[note_id]
-            if s not in seen:
-                seen.add(s)
-                ranking.append(s)
-        out.append(ranking)
-    return out
+    bank: Any
+    made: list[Any]
+    timings: dict[str, float]
+
+    @classmethod
+    def build(
+        cls,
+        haystacks: Sequence[Sequence[ChatSession]],
+        *,
+        level: Level,
+        roles: Sequence[str] | None,
+        embedder: Any = None,
+        device: Any = None,
+    ) -> HaystackBank:
+        from soulmem_torch.bank import MemoryBank
+
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        made = [sessions_to_notes(h, level=level, roles=roles) for h in haystacks]
+        timings["notes_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        bank = MemoryBank(embedder=embedder, device=device)
+        for i, m in enumerate(made):
+            bank.add_agent(f"haystack-{i}", m.notes)
+        timings["embed_s"] = time.perf_counter() - t0
+        return cls(bank, made, timings)
+
+    def rank(
+        self,
+        owners: Sequence[int],
+        questions: Sequence[str],
+        times: Sequence[datetime | None],
+        *,
+        config: Any = None,
+        depth: int = 50,
+    ) -> list[list[str]]:
+        """The ranking (source ids, best first, ≥ ``depth`` long or the whole corpus) of
+        each question against its haystack ``owners[q]``, all in one ``bank.ask``."""
+        from soulmem_torch.retrieve import DefaultPipelineConfig
+
+        if len(owners) != len(questions) or len(times) != len(questions):
+            raise ValidationError(
+                f"owners / times: expected {len(questions)} entries (one per question), found "
+                f"{len(owners)} / {len(times)}"
+            )
+        config = DefaultPipelineConfig() if config is None else config
+        if config.merge_top_k < depth:
+            config = config.model_copy(update={"merge_top_k": depth})
+        t0 = time.perf_counter()
+        # (the times are checked and kept for a time-aware channel; the pipeline does not
+        # read them yet: docs/spec.md §10)
+        results = self.bank.ask([f"haystack-{o}" for o in owners], list(questions), config=config)
+        self.timings["ask_s"] = time.perf_counter() - t0
+        out = []
+        for o, r in zip(owners, results):
+            m = self.made[o]
+            ranking: list[str] = []
+            seen: set[str] = set()
+            for note_id, _ in r.association:
+                s = m.source.get(note_id)
+                if s is not None and s not in seen:
+                    seen.add(s)
+                    ranking.append(s)
+            for note_id in m.corpus:  # the rest of the corpus, in its order
+                if len(ranking) >= depth:
+                    break
+                s = m.source[note_id]
+                if s not in seen:
+                    seen.add(s)
+                    ranking.append(s)
+            out.append(ranking)
+        return out
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -124,26 +147,24 @@ def evaluate_longmemeval(
     embedder: Any = None,
     device: Any = None,
     depth: int = 50,
+    prepared: HaystackBank | None = None,
 ) -> ChatEvalReport:
     """LongMemEval's retrieval metrics (``paper``: the non-abstention questions; ``strict``:
     also without the questions whose gold is empty) at ``level`` and, for a turn ranking, at
     session level too; plus ``recall_any@k`` over all questions against
     ``answer_session_ids``."""
     roles = ("user", "assistant") if include_assistant else ("user",)
-    timings: dict[str, float] = {}
-    rankings = rank_haystacks(
-        [q.sessions for q in questions],
+    hb = prepared or HaystackBank.build(
+        [q.sessions for q in questions], level=level, roles=roles, embedder=embedder, device=device
+    )
+    rankings = hb.rank(
         list(range(len(questions))),
         [q.question for q in questions],
         [q.question_date for q in questions],
-        level=level,
-        roles=roles,
         config=config,
-        embedder=embedder,
-        device=device,
         depth=depth,
-        timings=timings,
     )
+    timings = dict(hb.timings)
     per: dict[str, list[tuple[float, bool]]] = {}
 
     def add(name: str, value: float, strict_ok: bool) -> None:
@@ -202,30 +223,23 @@ def evaluate_locomo(
     embedder: Any = None,
     device: Any = None,
     depth: int = 50,
+    prepared: HaystackBank | None = None,
 ) -> ChatEvalReport:
     """LoCoMo's retrieval metrics: the fraction of a question's evidence dia_ids in the top k
     (turn level) and of their sessions in the top-k sessions (questions without evidence score
     1), per category and over categories 1–4 (``overall``); every turn of both speakers is in
     the corpus."""
     qs = [(i, q) for i, s in enumerate(samples) for q in s.questions]
-    timings: dict[str, float] = {}
-    rankings = rank_haystacks(
-        [s.sessions for s in samples],
-        [i for i, _ in qs],
-        [q.question for _, q in qs],
-        [
-            max((t.time for t in s.sessions if t.time is not None), default=None)
-            for s in samples
-            for _ in s.questions
-        ],
-        level=level,
-        roles=None,
-        config=config,
-        embedder=embedder,
-        device=device,
-        depth=depth,
-        timings=timings,
+    hb = prepared or HaystackBank.build(
+        [s.sessions for s in samples], level=level, roles=None, embedder=embedder, device=device
     )
+    # a LoCoMo question is asked after its conversation: its time is the last session's
+    last = [max((t.time for t in s.sessions if t.time is not None), default=None) for s in samples]
+    rankings = hb.rank(
+        [i for i, _ in qs], [q.question for _, q in qs], [last[i] for i, _ in qs],
+        config=config, depth=depth,
+    )  # fmt: skip
+    timings = dict(hb.timings)
     groups: dict[str, dict[str, list[float]]] = {}
     for (_, q), ranking in zip(qs, rankings):
         sessions_ranked = (
@@ -267,3 +281,37 @@ def _session(dia_or_session: str) -> str:
         return locomo_session_of(dia_or_session)
     except ValidationError:
         return dia_or_session
+
+
+def chat_ablation(
+    data: Sequence[Any],
+    *,
+    format: str,
+    level: Level,
+    base: Any = None,
+    include_assistant: bool = False,
+    embedder: Any = None,
+    device: Any = None,
+    depth: int = 50,
+) -> list[tuple[str, ChatEvalReport]]:
+    """One report per configuration of ``retrieve.evaluation.ablation_configs(base)``; the
+    haystacks are embedded once."""
+    from soulmem_torch.retrieve.evaluation import ablation_configs
+
+    if format == "longmemeval":
+        roles: Sequence[str] | None = ("user", "assistant") if include_assistant else ("user",)
+        haystacks = [q.sessions for q in data]
+    else:
+        roles, haystacks = None, [s.sessions for s in data]
+    hb = HaystackBank.build(haystacks, level=level, roles=roles, embedder=embedder, device=device)
+    rows = []
+    for label, cfg in ablation_configs(base):
+        if format == "longmemeval":
+            report = evaluate_longmemeval(
+                data, level=level, include_assistant=include_assistant, config=cfg,
+                depth=depth, prepared=hb,
+            )  # fmt: skip
+        else:
+            report = evaluate_locomo(data, level=level, config=cfg, depth=depth, prepared=hb)
+        rows.append((label, report))
+    return rows

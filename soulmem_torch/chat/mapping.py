@@ -103,6 +103,7 @@ def sessions_to_notes(
     episodes: bool = True,
     speakers: bool = True,
     neighbours: bool = True,
+    known_speakers: dict[str, MemoryId] | None = None,
 ) -> ChatNotes:
     """The notes of a chat history (see the module docstring for the mapping).
 
@@ -113,6 +114,8 @@ def sessions_to_notes(
             keeps every turn. Turn ids stay the source's (their index among *all* turns).
         episodes, speakers, neighbours: at turn level, the session episodes, the speaker
             entities and the links between neighbouring turns.
+        known_speakers: speaker name → the id of an existing speaker note (linked to, not
+            made again).
 
     Raises:
         ValidationError: not a sequence of ``ChatSession``, or a bad ``level``. A session id
@@ -181,7 +184,15 @@ def sessions_to_notes(
             if neighbours and previous is not None:
                 _link(previous, note, SemMemLink(verb="then", confidence=1.0))
             previous = note
-            if speakers:
+            if speakers and known_speakers and t.speaker in known_speakers:
+                note.mem_links.append(
+                    MemoryLink(
+                        from_=note.id,
+                        to=known_speakers[t.speaker],
+                        link_type=SemMemLink(verb="said by", confidence=1.0),
+                    )
+                )
+            elif speakers:
                 person = people.get(t.speaker)
                 if person is None:
                     person = people[t.speaker] = _note(

@@ -27,6 +27,7 @@ __all__ = [
     "read_chat_jsonl",
     "read_locomo",
     "read_longmemeval",
+    "write_chat_jsonl",
 ]
 
 _LME_TIME = re.compile(

@@ -53,7 +53,18 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 
-from soulmem_torch.cli import add, demo, export, forget, import_, query, restore, schema, versions
+from soulmem_torch.cli import (
+    add,
+    demo,
+    export,
+    forget,
+    import_,
+    import_chat,
+    query,
+    restore,
+    schema,
+    versions,
+)
 from soulmem_torch.cli import eval as eval_
 from soulmem_torch.cli import serve as serve_
 from soulmem_torch.cli._errors import (
@@ -97,7 +108,20 @@ __all__ = [
 ]
 
 #: The command modules, in ``--help`` order; each has ``add_parser(sub)``.
-COMMANDS = [demo, query, add, import_, export, schema, eval_, forget, versions, restore, serve_]
+COMMANDS = [
+    demo,
+    query,
+    add,
+    import_,
+    import_chat,
+    export,
+    schema,
+    eval_,
+    forget,
+    versions,
+    restore,
+    serve_,
+]
 
 _EPILOG = """\
 exit status: 0 ok, 1 runtime error (missing/corrupt file, bad config, failing LLM, ...),
