@@ -39,6 +39,7 @@ from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SPECIFIC
 from soulmem_torch.functional.fusion import rank_fusion, relative_seeds
 from soulmem_torch.functional.topk import stable_topk
 from soulmem_torch.retrieve._gcpause import gc_paused
+from soulmem_torch.retrieve.pipeline import channel_weights
 from soulmem_torch.retrieve.similarity import _is_plain, structured_batch
 
 __all__ = ["run_pipeline", "supported_config"]
@@ -57,7 +58,7 @@ _KNOWN_FIELDS = {
     },
     "": {
         "short_mem_with_history", "similarity", "assoc_with_action", "merge_top_k", "fusion",
-        "channels", "rank_constant", "seed_ratio",
+        "channels", "rank_constant", "seed_ratio", "channel_weights",
     },
 }  # fmt: skip
 _CHANNELS = {"seeds", "similarity", "text", "graph", "graph_undirected"}
@@ -446,9 +447,16 @@ def run_pipeline(
             channels["text"] = _text_channel(union, positions, queries, memories, m)
         if ppr_both is not None:  # computed with the directed PPR in stage 3
             channels["graph_undirected"] = ppr_both
-        used = [channels[c] for c in config.channels if c in channels]
+        names = [c for c in config.channels if c in channels]
+        used = [channels[c] for c in names]
         if used:
-            fused = rank_fusion(used, k=config.rank_constant, mask=valid)
+            weights = channel_weights(
+                config.model_copy(update={"channels": tuple(names)}),
+                sim_kept,
+                channels.get("text"),
+                valid,
+            )
+            fused = rank_fusion(used, k=config.rank_constant, mask=valid, weights=weights)
         else:  # only the text channel, and no agent of the batch has texts
             fused = torch.zeros(len(queries), m, dtype=_F64, device=device)
         # a note is in the list when some channel scored it (finite, > 0): exactly where the

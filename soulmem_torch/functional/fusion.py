@@ -50,6 +50,8 @@ from soulmem_torch.errors import ValidationError
 from soulmem_torch.functional.topk import SORT_MAX_ROW, _first_k, stable_topk
 
 __all__ = [
+    "family_weights",
+    "score_dispersion",
     "BM25_B",
     "BM25_K1",
     "bm25_note_weights",
@@ -150,14 +152,16 @@ def rank_fusion(
     k: float,
     mask: Tensor | None = None,
     unscored: str = "zero",
+    weights: list[Tensor | None] | tuple[Tensor | None, ...] | None = None,
 ) -> Tensor:
-    """Reciprocal-rank fusion: ``Σ_c reciprocal_rank(channels[c])``, shape (B, N) float64.
+    """Reciprocal-rank fusion: ``Σ_c w_c · reciprocal_rank(channels[c])``, shape (B, N) float64.
 
     Args:
         channels: each (B, N) float, the same shape. An empty sequence is an error.
         k: > 0. See :func:`reciprocal_rank`.
         mask: (B, N) bool or None.
         unscored: ``"zero"`` (default) or ``"tie"``. See :func:`reciprocal_rank`.
+        weights: one (B,) float64 row weight per channel (``None``: 1), or ``None`` (all 1).
     """
     if not channels:
         raise ValidationError("channels: expected at least one (B, N) score tensor, found none")
@@ -167,10 +171,51 @@ def rank_fusion(
             raise ValidationError(
                 f"channels[{i}]: expected shape {tuple(shape)} (2-D), found {tuple(c.shape)}"
             )
-    total = reciprocal_rank(channels[0], k=k, mask=mask, unscored=unscored)
-    for c in channels[1:]:
-        total = total + reciprocal_rank(c, k=k, mask=mask, unscored=unscored)
+    if weights is not None and len(weights) != len(channels):
+        raise ValidationError(
+            f"weights: expected {len(channels)} (one per channel), found {len(weights)}"
+        )
+    total = None
+    for i, c in enumerate(channels):
+        rr = reciprocal_rank(c, k=k, mask=mask, unscored=unscored)
+        w = None if weights is None else weights[i]
+        if w is not None:
+            if w.shape != (shape[0],):
+                raise ValidationError(
+                    f"weights[{i}]: expected shape ({shape[0]},), found {tuple(w.shape)}"
+                )
+            rr = rr * w.to(torch.float64).unsqueeze(1)
+        total = rr if total is None else total + rr
     return total
+
+
+def score_dispersion(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """How much each row's best score stands out: ``(max − mean) / max`` over the row's
+    (masked) entries, in [0, 1]; 0 for a row whose max is not positive. Shape (B,) float64.
+
+    A channel whose scores are flat (every note about as good as the best) says little about
+    which note is meant; one whose best stands far above the rest says much. Scale-free, so
+    cosines and BM25 sums compare (docs/spec.md §7, DECISION "channel weights").
+
+    Args:
+        scores: (B, N) float; non-finite entries count as 0.
+        mask: (B, N) bool or None (every entry).
+    """
+    real = _mask_of(scores, mask)
+    x = torch.where(real & torch.isfinite(scores), scores.to(torch.float64), 0.0)
+    if x.shape[1] == 0:
+        return torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+    best = x.max(dim=1).values
+    mean = x.sum(dim=1) / real.sum(dim=1).clamp(min=1)
+    return torch.where(best > 0, (best - mean) / torch.where(best > 0, best, 1.0), 0.0)
+
+
+def family_weights(dispersions: list[Tensor]) -> list[Tensor]:
+    """Each family's dispersion over the largest of the row: the most decided family weighs 1
+    (a row where every family is flat: 1 for all). (B,) float64 each."""
+    top = torch.stack(dispersions).max(dim=0).values
+    flat = top <= 0
+    return [torch.where(flat, 1.0, d / torch.where(flat, 1.0, top)) for d in dispersions]
 
 
 def relative_seeds(

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from soulmem_torch.functional.fusion import rank_fusion, relative_seeds, undirected_edges
+from soulmem_torch.functional.fusion import (
+    family_weights,
+    rank_fusion,
+    relative_seeds,
+    score_dispersion,
+    undirected_edges,
+)
 from soulmem_torch.functional.ppr import TransitionOperator, build_transition
 from soulmem_torch.functional.similarity import BlendWeights
 from soulmem_torch.model import MemoryId
@@ -33,6 +39,7 @@ from soulmem_torch.retrieve.text import text_scores
 
 __all__ = [
     "DefaultPipelineRequest",
+    "channel_weights",
     "DefaultPipelineResult",
     "RetrDefaultPipeline",
     "undirected_association",
@@ -88,6 +95,28 @@ def undirected_association(
         return res
     out[:, cols] = res
     return out
+
+
+def channel_weights(
+    config: DefaultPipelineConfig,
+    similarity: Tensor,
+    text: Tensor | None,
+    mask: Tensor | None = None,
+) -> list[Tensor | None] | None:
+    """The rank fusion's per-query weight of each of ``config.channels`` (``None``: equal).
+
+    With ``channel_weights="dispersion"`` the channels form two evidence families — the text
+    channel, and the structured similarity with everything seeded by it (``similarity``,
+    ``seeds``, ``graph``, ``graph_undirected``) — each weighted by
+    :func:`~soulmem_torch.functional.fusion.score_dispersion` of its scores (``similarity``:
+    the kept (B, N) similarity; ``text``: the BM25 scores) over the larger of the two.
+    """
+    if config.channel_weights == "equal" or text is None or "text" not in config.channels:
+        return None
+    w_sim, w_text = family_weights(
+        [score_dispersion(similarity, mask), score_dispersion(text, mask)]
+    )
+    return [w_text if c == "text" else w_sim for c in config.channels]
 
 
 @dataclass
@@ -218,7 +247,8 @@ class RetrDefaultPipeline:
                     graph, weights, chosen, config.assoc_with_action.association
                 ).T
             used = [channels[c] for c in config.channels]
-            fused = rank_fusion(used, k=config.rank_constant)
+            weights = channel_weights(config, sim_kept, channels.get("text"))
+            fused = rank_fusion(used, k=config.rank_constant, weights=weights)
             present = torch.zeros_like(fused, dtype=torch.bool)
             for c in used:
                 present |= torch.isfinite(c) & (c > 0)

@@ -297,13 +297,20 @@ def test_precomputed_embeddings_and_bookkeeping(tmp_path) -> None:
     assert_same_result(loaded.query([("g", vec)], config=cfg)[0], want)
 
 
-@pytest.mark.parametrize("which", ["default", "original"])
+@pytest.mark.parametrize("which", ["default", "original", "dispersion"])
 def test_default_and_original_configs(which) -> None:
     bank = MemoryBank()
     bank.add_agent("a", sample_notes())
     bank.add_agent("b", sample_notes(list(range(0, 77, 2))))
-    cfg = DefaultPipelineConfig() if which == "default" else DefaultPipelineConfig.original()
+    cfg = {
+        "default": DefaultPipelineConfig(),
+        "original": DefaultPipelineConfig.original(),
+        "dispersion": DefaultPipelineConfig(channel_weights="dispersion"),
+    }[which]
     got = bank.ask(["a", "b"], TEXTS[:2], config=None if which == "default" else cfg)
+    if which == "dispersion":  # the weighting changes the lists (else this test says nothing)
+        plain = bank.ask(["a", "b"], TEXTS[:2])
+        assert [r.association for r in got] != [r.association for r in plain]
     assert_same_result(got[0], _reference(bank, "a", TEXTS[0], cfg))
     assert_same_result(got[1], _reference(bank, "b", TEXTS[1], cfg))
 

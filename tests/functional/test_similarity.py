@@ -258,7 +258,9 @@ def test_situation_units_sum_or_mean(device: torch.device) -> None:
     three = [{"location_name": unit()}] * 3
     assert _score((NODE_ABSTRACT, LOC), three, device) == pytest.approx(1.0)  # mean: the default
     total = BlendWeights(situation_units="sum")
-    assert _score((NODE_ABSTRACT, LOC), three, device, weights=total) == pytest.approx(3.0, abs=1e-6)
+    assert _score((NODE_ABSTRACT, LOC), three, device, weights=total) == pytest.approx(
+        3.0, abs=1e-6
+    )
 
 
 def test_tag_blend_and_kind_mismatch(device: torch.device) -> None:

@@ -105,7 +105,17 @@ def _note_json(mem_type: object, links: object = ()) -> dict:
     ("mem_type", "match"),
     [
         ({"Foo": {}}, "exactly one key"),
-        ({"Semantic": {"content": "x", "aliases": [], "concept_type": "Thing", "description": ""}}, "concept_type"),
+        (
+            {
+                "Semantic": {
+                    "content": "x",
+                    "aliases": [],
+                    "concept_type": "Thing",
+                    "description": "",
+                }
+            },
+            "concept_type",
+        ),
         ({"Procedure": {"action": {"content": "x", "action_type": {"Speak": ""}}}}, "action_type"),
         ({"Procedure": {"action": {"content": "x", "action_type": "Dance"}}}, "action_type"),
     ],
@@ -133,12 +143,16 @@ def _link(link_type: object, intensity: object = 1.0) -> dict:
 )
 def test_bad_links_name_the_field(link: dict, match: str) -> None:
     with pytest.raises(pydantic.ValidationError, match=match):
-        MemoryNote.model_validate(_note_json({"Procedure": {"action": {"content": "x", "action_type": "Think"}}}, [link]))
+        MemoryNote.model_validate(
+            _note_json({"Procedure": {"action": {"content": "x", "action_type": "Think"}}}, [link])
+        )
 
 
 def test_every_kind_round_trips_through_serde_json() -> None:
     a = MemoryNote.build(sem(), tags=["x"])
-    proc = MemoryNote.build(ProcMemory(action=Action(content="skill", action_type=ActionType.SKILL)))
+    proc = MemoryNote.build(
+        ProcMemory(action=Action(content="skill", action_type=ActionType.SKILL))
+    )
     abstract = MemoryNote.build(AbstractSituation(Participant(name="n", role="r")))
     specific = MemoryNote.build(
         SpecificSituation(

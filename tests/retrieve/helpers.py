@@ -49,10 +49,14 @@ def abstract(name: str) -> MemoryNote:
 
 
 def action(name: str) -> MemoryNote:
-    return MemoryNote.build(ProcMemory(action=Action(content=name, action_type="Speak")), create_time=T0)
+    return MemoryNote.build(
+        ProcMemory(action=Action(content=name, action_type="Speak")), create_time=T0
+    )
 
 
-def link(a: MemoryNote, b: MemoryNote, kind: str, value: float = 0.8, intensity: float = 1.0) -> None:
+def link(
+    a: MemoryNote, b: MemoryNote, kind: str, value: float = 0.8, intensity: float = 1.0
+) -> None:
     if kind == "sem":
         lt = SemMemLink(verb="rel", confidence=value)
     elif kind == "proc":

@@ -212,8 +212,31 @@ def test_bm25_segments_score_each_memory_as_on_its_own(device: torch.device) -> 
 
 def test_text_terms() -> None:
     assert text_terms("桂花糕") == ["桂花", "花糕"]
-    assert text_terms("Rainy café, 雨") == ["rainy", "café", "雨"]
+    assert text_terms("Rainy café, 雨") == ["raini", "café", "雨"]  # Snowball stems
     assert text_terms("") == []
+    # English stopwords out, inflections folded: a question meets its answer's words
+    assert text_terms("How many museums did I visit?") == ["mani", "museum", "visit"]
+    assert text_terms("I visited the museum") == ["visit", "museum"]
+
+
+def test_rank_fusion_weights_and_dispersion() -> None:
+    from soulmem_torch.functional.fusion import family_weights, score_dispersion
+
+    a = torch.tensor([[3.0, 2.0, 1.0], [1.0, 1.0, 1.0]])
+    b = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
+    plain = rank_fusion([a, b], k=1.0)
+    w = [torch.tensor([1.0, 1.0], dtype=torch.float64), None]
+    assert torch.equal(rank_fusion([a, b], k=1.0, weights=w), plain)
+    half = rank_fusion([a, b], k=1.0, weights=[torch.tensor([0.5, 0.5]), None])
+    assert torch.allclose(half, plain - 0.5 * rank_fusion([a], k=1.0))
+    with pytest.raises(ValidationError, match="weights: expected 2"):
+        rank_fusion([a, b], k=1.0, weights=[None])
+    d = score_dispersion(a)
+    # (max - mean) / max: (3 - 2) / 3 for the first row, a flat row 0
+    assert torch.allclose(d, torch.tensor([1 / 3, 0.0], dtype=torch.float64))
+    assert torch.equal(score_dispersion(b), torch.tensor([(3 - 2) / 3, 0.0], dtype=torch.float64))
+    wa, wb = family_weights([torch.tensor([0.2, 0.0]), torch.tensor([0.4, 0.0])])
+    assert wa.tolist() == [0.5, 1.0] and wb.tolist() == [1.0, 1.0]  # all flat: equal
 
 
 # ---- the fused pipeline ---------------------------------------------------------------------

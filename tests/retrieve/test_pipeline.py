@@ -39,7 +39,9 @@ def congyu() -> tuple[WorkingMemory, dict, HashingEmbedder]:
 
 def _queries() -> list[MemoryRetrieveQuery]:
     return [
-        MemoryRetrieveQuery.semantic([{"concept_identifier": "丛雨丸", "description": "神刀"}], tag=["物体"]),
+        MemoryRetrieveQuery.semantic(
+            [{"concept_identifier": "丛雨丸", "description": "神刀"}], tag=["物体"]
+        ),
         MemoryRetrieveQuery.situation([{"narrative": "我辈向将臣表白"}], tag=["事件"]),
         MemoryRetrieveQuery.semantic([{"concept_identifier": "芳乃"}]),
     ]

@@ -120,7 +120,9 @@ def test_bayes_action_hand_computed() -> None:
     assert got[n["greet"]] == pytest.approx(0.5 * 0.5)
     ranked = RetrBayesAction().retrieve(req)
     assert ranked[0][0] == n["umbrella"]
-    assert RetrBayesAction().retrieve(BayesActionConfig().into_request(wm, [(n["cafe"], 1.0)])) == []
+    assert (
+        RetrBayesAction().retrieve(BayesActionConfig().into_request(wm, [(n["cafe"], 1.0)])) == []
+    )
 
 
 def test_bayes_action_zero_weight_source_still_gives_candidates() -> None:
@@ -184,7 +186,9 @@ def test_config_union_from_json() -> None:
     assert isinstance(c, AssociationConfig) and c.top_k == 3
     c = parse_request_config({"type": "Similarity"})
     assert c == SimilarityConfig()
-    c = parse_request_config({"type": "AssociateWithAction", "association": {"damping_factor": 0.5}})
+    c = parse_request_config(
+        {"type": "AssociateWithAction", "association": {"damping_factor": 0.5}}
+    )
     assert c.association.damping_factor == 0.5
     assert AssociationConfig().damping_factor == 0.65 and AssociationConfig().top_k == 8
     assert BayesActionConfig().top_k == 5 and SimilarityConfig().similarity_threshold == 0.35
