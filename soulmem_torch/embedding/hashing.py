@@ -3,7 +3,9 @@
 How a text becomes a vector (all steps deterministic, independent of ``PYTHONHASHSEED``):
 
 1. NFKC-normalize and case-fold; split into runs of CJK characters (Han, kana, Hangul) and runs
-   of other letters / digits ("words"). Punctuation and spaces separate runs.
+   of other letters / digits ("words"). Punctuation and spaces separate runs. English
+   stopwords ("the", "I", "did", …: the text channel's list) are left out: in long English
+   text they are most of the words and make every pair of texts look alike (docs/spec.md §3).
 2. Two feature blocks:
 
    * **atoms** — each CJK character and each word. In Chinese the character is the unit of
@@ -54,6 +56,17 @@ from soulmem_torch.errors import ValidationError
 __all__ = ["HashingEmbedder"]
 
 _KEY = b"soulmem-hashing-v1"
+# The text channel's English stopword list (soulmem_torch.retrieve.text.STOPWORDS), kept here so
+# the embedding layer does not import the retrieve layer; a test holds the two equal.
+_STOPWORDS: frozenset[str] = frozenset(
+    """a about am an and any are as at be been being both but by can could d did do does doing
+    down during each few for from further had has have having he her here hers herself him
+    himself his how i if in into is it its itself just ll m ma me mightn more most my myself
+    needn no nor not now o of off on once only or other our ours ourselves out own re s same
+    shan she should so some such t than that the their theirs them themselves then there these
+    they this those through to too under until up ve very was we were what when where which
+    while who whom why will with would y you your yours yourself yourselves""".split()
+)
 _RUNS = re.compile(
     r"(?P<cjk>[\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
     r"\U00020000-\U0003134f]+)|(?P<word>[^\W_]+)"
@@ -74,6 +87,8 @@ def _features(text: str) -> tuple[Counter[str], Counter[str]]:
             links.update("b" + run[i : i + 2] for i in range(len(run) - 1))
             continue
         word = match.group("word")
+        if word in _STOPWORDS:  # function words: in nearly every English text, they only
+            continue  # flatten the cosines (and never start or end a word pair)
         atoms["w" + word] += 1
         marked = f"<{word}>"
         links.update("t" + marked[i : i + 3] for i in range(len(marked) - 2))

@@ -23,7 +23,7 @@ TEXTS = [
     "running",
     "",
     "。，！",
-    "A",
+    "B",  # (a lone "A" is a stopword now: no feature)
 ]
 
 
@@ -113,3 +113,20 @@ def test_bad_texts() -> None:
         emb("abc")  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match=r"texts\[1\]"):
         emb(["a", None])  # type: ignore[list-item]
+
+
+def test_stopwords_match_the_text_channel() -> None:
+    from soulmem_torch.embedding.hashing import _STOPWORDS
+    from soulmem_torch.retrieve.text import STOPWORDS
+
+    assert _STOPWORDS == STOPWORDS
+
+
+def test_english_stopwords_do_not_make_texts_alike() -> None:
+    from soulmem_torch.embedding import HashingEmbedder
+
+    emb = HashingEmbedder()
+    x = emb(["I did it and I was there with the", "a cat", "the cat", ""])
+    # only function words: no feature at all (the zero vector), like an empty text
+    assert float(x[0].norm()) == 0.0 and float(x[3].norm()) == 0.0
+    assert torch.allclose(x[1], x[2])  # "the" adds nothing
