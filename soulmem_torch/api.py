@@ -349,15 +349,19 @@ class SoulMem:
         self, texts: Sequence[str] | str, *, config: DefaultPipelineConfig | None = None
     ) -> list[DefaultPipelineResult]:
         """Free-text questions: each runs as a concept query and an episode query (one batch);
-        their memories and actions are mixed, max per note (see :func:`text_queries`).
+        their memories and actions are mixed, max per note (see :func:`text_queries`). The
+        default config is :meth:`DefaultPipelineConfig.for_questions` (seeds from the
+        similarity and the text channel together: a free-text question has no fields to
+        match).
 
         Like :meth:`query`, holds Python's cyclic garbage collector off for the call (its many
         short-lived objects are acyclic; see ``soulmem_torch.retrieve._gcpause``)."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         with gc_paused():  # tens of thousands of short-lived acyclic objects (see _gcpause)
             queries = [q for t in texts for q in text_queries(t)]
+            config = DefaultPipelineConfig.for_questions() if config is None else config
             results = self.query(queries, config=config)
-            cut = (config or DefaultPipelineConfig()).merge_top_k
+            cut = config.merge_top_k
             pairs = list(zip(results[0::2], results[1::2]))  # (concept, episode) per question
             q = len(pairs)
             mixed = mix_by_priority_batch(  # the three mixes of every question in one batch

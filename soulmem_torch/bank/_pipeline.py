@@ -58,7 +58,7 @@ _KNOWN_FIELDS = {
     },
     "": {
         "short_mem_with_history", "similarity", "assoc_with_action", "merge_top_k", "fusion",
-        "channels", "rank_constant", "seed_ratio", "channel_weights",
+        "channels", "rank_constant", "seed_ratio", "channel_weights", "seed_source",
     },
 }  # fmt: skip
 _CHANNELS = {"seeds", "similarity", "text", "graph", "graph_undirected"}
@@ -387,18 +387,35 @@ def run_pipeline(
     sim_kept = torch.where(keep, sim, torch.zeros_like(sim))
 
     # stage 2: seeds (top-k, or the relative cut of the rank fusion)
+    text = None
+    if (
+        config.fusion == "rank"
+        and "text" in config.channels
+        and any(mem is not None for mem in memories)
+    ):
+        # (an agent built from tensors has no note texts: its text row is 0, and a zero
+        # channel adds exactly nothing to the fused reciprocal ranks, so a batch of such
+        # agents leaves the channel out)
+        text = _text_channel(union, positions, queries, memories, m)
+    fused_seeds = config.fusion == "rank" and config.seed_source == "fused" and text is not None
     if config.fusion == "rank":
+        first_stage = (
+            rank_fusion([sim_kept, text], k=config.rank_constant, mask=valid)
+            if fused_seeds
+            else sim_kept
+        )
         chosen = relative_seeds(
-            sim_kept,
+            first_stage,
             ratio=config.seed_ratio,
             max_seeds=sim_cfg.max_results,
-            threshold=sim_cfg.similarity_threshold,
+            threshold=0.0 if fused_seeds else sim_cfg.similarity_threshold,
             mask=valid,
         )
     else:
         chosen = _topk(sim, keep, sim_cfg.max_results)[0]
     _, s_values, s_index, s_valid = _topk(sim, chosen, sim_cfg.max_results)
-    seed_w = torch.where(chosen, sim.to(_F64), torch.zeros((), dtype=_F64, device=device))
+    zero = torch.zeros((), dtype=_F64, device=device)
+    seed_w = torch.where(chosen, first_stage.to(_F64) if fused_seeds else sim.to(_F64), zero)
 
     # stage 3: association (PPR) and its top-k
     awa = config.assoc_with_action
@@ -440,11 +457,8 @@ def run_pipeline(
             "seeds": sim_kept * chosen,  # finite: 0 off the seeds
             "graph": ppr,
         }
-        if "text" in config.channels and any(mem is not None for mem in memories):
-            # (an agent built from tensors has no note texts: its text row is 0, and a zero
-            # channel adds exactly nothing to the fused reciprocal ranks, so a batch of such
-            # agents leaves the channel out)
-            channels["text"] = _text_channel(union, positions, queries, memories, m)
+        if text is not None:
+            channels["text"] = text
         if ppr_both is not None:  # computed with the directed PPR in stage 3
             channels["graph_undirected"] = ppr_both
         names = [c for c in config.channels if c in channels]

@@ -400,7 +400,8 @@ class MemoryBank:
         """Free-text questions, one per agent id, as ``SoulMem.ask`` of each agent.
 
         Each text runs as a concept query and an episode query (one batch for all agents);
-        their memories and actions are mixed, max per note.
+        their memories and actions are mixed, max per note. The default config is
+        ``DefaultPipelineConfig.for_questions()``, as for ``SoulMem.ask``.
         """
         from soulmem_torch.api import text_queries
         from soulmem_torch.retrieve import (
@@ -423,8 +424,9 @@ class MemoryBank:
             except ValidationError as exc:
                 raise ValidationError(f"texts[{i}]: {exc}") from None
             requests.extend((a, q) for q in qs)
+        config = DefaultPipelineConfig.for_questions() if config is None else config
         results = self.query(requests, config=config)
-        cut = (config or DefaultPipelineConfig()).merge_top_k
+        cut = config.merge_top_k
         out = []
         for i in range(len(texts)):
             a, b = results[2 * i], results[2 * i + 1]

@@ -288,6 +288,13 @@ class DefaultPipelineConfig(BaseModel):
         "score_dispersion). Measured in docs/spec.md §10: better on long chat, worse on the "
         "original's suites, so not the default.",
     )
+    seed_source: Literal["similarity", "fused"] = Field(
+        default="similarity",
+        description="Rank fusion: what picks the seeds (the PPR personalization and the "
+        "'seeds' channel): the structured similarity (structured queries: SoulMem.query), or "
+        "the reciprocal-rank fusion of the similarity and the text channel ('fused': what "
+        "SoulMem.ask / MemoryBank.ask use for free-text questions, docs/spec.md §7).",
+    )
     seed_ratio: float = Field(
         default=0.9,
         ge=0.0,
@@ -295,6 +302,14 @@ class DefaultPipelineConfig(BaseModel):
         description="Seeds (of PPR and of the 'seeds' channel): notes whose structured score is "
         "at least this fraction of the query's best (at most similarity.max_results of them).",
     )
+
+    @classmethod
+    def for_questions(cls) -> DefaultPipelineConfig:
+        """The default for free-text questions (``SoulMem.ask``, ``MemoryBank.ask``): the
+        default with ``seed_source="fused"`` — a question has no fields for the structured
+        similarity to match one by one, so its seeds come from the similarity and the text
+        channel together (docs/spec.md §7, DECISION "seeds of a question")."""
+        return cls(seed_source="fused")
 
     @classmethod
     def original(cls) -> DefaultPipelineConfig:

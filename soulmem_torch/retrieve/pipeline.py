@@ -218,18 +218,29 @@ class RetrDefaultPipeline:
         )  # (B, N) float32
         sim_cfg = config.similarity
         keep = threshold_mask(sim, sim_cfg.similarity_threshold)
+        text = None
         if config.fusion == "rank":
+            first_stage = torch.where(keep, sim, torch.zeros_like(sim))
+            if "text" in config.channels:
+                text = text_scores(graph, first.working_memory, queries)
+            if text is not None and config.seed_source == "fused":
+                first_stage = rank_fusion([first_stage, text], k=config.rank_constant)
+
             chosen = relative_seeds(
-                torch.where(keep, sim, torch.zeros_like(sim)),
+                first_stage,
                 ratio=config.seed_ratio,
                 max_seeds=sim_cfg.max_results,
-                threshold=sim_cfg.similarity_threshold,
+                threshold=sim_cfg.similarity_threshold
+                if config.seed_source == "similarity" or text is None
+                else 0.0,
             ).T.contiguous()  # (N, B)
+            weights = torch.where(chosen, first_stage.T.to(torch.float64), 0.0)
         else:
             chosen = topk_mask(sim.T.contiguous(), keep.T.contiguous(), sim_cfg.max_results)
         scores_t = sim.T.contiguous()
         seeds = topk_lists(graph, scores_t, chosen, sim_cfg.max_results, as_float32=True)
-        weights = torch.where(chosen, scores_t.to(torch.float64), 0.0)
+        if config.fusion != "rank":
+            weights = torch.where(chosen, scores_t.to(torch.float64), 0.0)
         _, actions, ppr, ppr_selected = associate_with_action(
             graph, weights, chosen, config.assoc_with_action, memory_lists=False
         )
@@ -240,8 +251,8 @@ class RetrDefaultPipeline:
                 "seeds": torch.where(chosen.T, sim_kept, torch.zeros_like(sim_kept)),
                 "graph": ppr.T,
             }
-            if "text" in config.channels:
-                channels["text"] = text_scores(graph, first.working_memory, queries)
+            if text is not None:
+                channels["text"] = text
             if "graph_undirected" in config.channels:
                 channels["graph_undirected"] = undirected_association(
                     graph, weights, chosen, config.assoc_with_action.association

@@ -303,7 +303,7 @@ def test_default_and_original_configs(which) -> None:
     bank.add_agent("a", sample_notes())
     bank.add_agent("b", sample_notes(list(range(0, 77, 2))))
     cfg = {
-        "default": DefaultPipelineConfig(),
+        "default": DefaultPipelineConfig.for_questions(),  # ask's default
         "original": DefaultPipelineConfig.original(),
         "dispersion": DefaultPipelineConfig(channel_weights="dispersion"),
     }[which]

@@ -134,7 +134,7 @@ def test_ask_equals_per_agent_soulmem_with_the_default_config() -> None:
         bank.add_agent(f"a{a}", sample_notes(subset))
     agents = [f"a{i % 4}" for i in range(8)]
     texts = [TEXTS[i % len(TEXTS)] for i in range(8)]
-    cfg = DefaultPipelineConfig()
+    cfg = DefaultPipelineConfig.for_questions()  # ask's default
     got = bank.ask(agents, texts)
     for agent, text, result in zip(agents, texts, got):
         entries = list(bank.agent(agent).cluster)

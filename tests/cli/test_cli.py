@@ -137,7 +137,7 @@ def test_demo_runs_end_to_end() -> None:
         (("import",), ["FILE"]),
         (("export", "s"), ["FILE"]),
         (("export", "s", "f", "--format", "yaml"), ["--format", "'yaml'"]),
-        (("eval",), ["SUITE.json"]),
+        (("eval",), ["FILE"]),
         (("forget", "s", "--days", "1"), ["--llm --fake --mask-only"]),
         (("forget", "s", "--fake"), ["--now --days"]),
         (("forget", "s", "--days", "-1", "--fake"), ["--days", "'-1'"]),
