@@ -73,29 +73,46 @@ _RUNS = re.compile(
 )
 
 
+_WORD_FEATURES: dict[str, tuple[str, tuple[str, ...]] | None] = {}
+
+
+def _word_features(word: str) -> tuple[str, tuple[str, ...]] | None:
+    """``("w" + word, its boundary-marked trigram features)``, ``None`` for a stopword (cached:
+    a chat history repeats its words)."""
+    got = _WORD_FEATURES.get(word, False)
+    if got is not False:
+        return got  # type: ignore[return-value]
+    if word in _STOPWORDS:
+        out = None
+    else:
+        marked = f"<{word}>"
+        out = ("w" + word, tuple("t" + marked[i : i + 3] for i in range(len(marked) - 2)))
+    if len(_WORD_FEATURES) < 500_000:
+        _WORD_FEATURES[word] = out
+    return out
+
+
 def _features(text: str) -> tuple[Counter[str], Counter[str]]:
     """(atoms, links) feature counts of one text."""
     norm = unicodedata.normalize("NFKC", text).casefold()
-    atoms: Counter[str] = Counter()
-    links: Counter[str] = Counter()
+    atoms: list[str] = []
+    links: list[str] = []
     prev_word: str | None = None
-    for match in _RUNS.finditer(norm):
-        run = match.group("cjk")
-        if run is not None:
+    for run, word in _RUNS.findall(norm):
+        if run:
             prev_word = None
-            atoms.update("c" + ch for ch in run)
-            links.update("b" + run[i : i + 2] for i in range(len(run) - 1))
+            atoms.extend(["c" + ch for ch in run])
+            links.extend(["b" + run[i : i + 2] for i in range(len(run) - 1)])
             continue
-        word = match.group("word")
-        if word in _STOPWORDS:  # function words: in nearly every English text, they only
-            continue  # flatten the cosines (and never start or end a word pair)
-        atoms["w" + word] += 1
-        marked = f"<{word}>"
-        links.update("t" + marked[i : i + 3] for i in range(len(marked) - 2))
+        feats = _word_features(word)
+        if feats is None:  # function words: in nearly every English text, they only
+            continue  # flatten the cosines (a pair skips over them)
+        atoms.append(feats[0])
+        links.extend(feats[1])
         if prev_word is not None:
-            links["p" + prev_word + " " + word] += 1
+            links.append("p" + prev_word + " " + word)
         prev_word = word
-    return atoms, links
+    return Counter(atoms), Counter(links)
 
 
 class HashingEmbedder:
@@ -185,18 +202,22 @@ class HashingEmbedder:
             self._slots[feature] = slot
         return slot
 
-    def _block(self, counts: Counter[str], size: int) -> tuple[list[int], list[float]]:
-        cols: list[int] = []
-        vals: list[float] = []
-        idf = self.idf
-        for feat, tf in counts.items():
-            col, sign = self._slot(feat, size)
-            weight = 1.0 + math.log(tf)
-            if idf is not None:
-                weight *= idf.get(feat, self._idf_default)
-            cols.append(col)
-            vals.append(sign * weight)
-        return cols, vals
+    def _block(self, counts: Counter[str], size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Columns and signed ``(1 + ln tf)·idf`` values of one text's features."""
+        slots = self._slots
+        found = list(map(slots.get, counts))
+        if None in found:
+            found = [f if f is not None else self._slot(k, size) for f, k in zip(found, counts)]
+        if not found:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        cols, signs = zip(*found)
+        weight = 1.0 + np.log(np.fromiter(counts.values(), dtype=np.float64, count=len(counts)))
+        if self.idf is not None:
+            idf, default = self.idf, self._idf_default
+            weight *= np.fromiter(
+                (idf.get(f, default) for f in counts), dtype=np.float64, count=len(counts)
+            )
+        return np.asarray(cols, dtype=np.int64), np.asarray(signs, dtype=np.float64) * weight
 
     # -- embedding ------------------------------------------------------------------------
     def __call__(self, texts: Sequence[str]) -> Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -72,9 +73,17 @@ def _stemmer() -> Any:
     return snowballstemmer.stemmer("english")
 
 
-@functools.lru_cache(maxsize=1 << 18)
-def _stem(word: str) -> str:
-    return _stemmer().stemWord(word)
+_WORD_TERMS: dict[str, str] = {}
+
+
+def _word_term(word: str) -> str:
+    """The term of one casefolded word: its Snowball stem, ``""`` for a stopword (cached)."""
+    term = _WORD_TERMS.get(word)
+    if term is None:
+        term = "" if word in STOPWORDS else _stemmer().stemWord(word)
+        if len(_WORD_TERMS) < 500_000:
+            _WORD_TERMS[word] = term
+    return term
 
 
 @functools.lru_cache(maxsize=8192)
@@ -95,16 +104,18 @@ def text_terms(text: str) -> list[str]:
 def _split(text: str) -> list[str]:
     norm = unicodedata.normalize("NFKC", text).casefold()
     out: list[str] = []
-    for match in _RUNS.finditer(norm):
-        run = match.group("cjk")
-        if run is None:
-            word = match.group("word")
-            if word not in STOPWORDS:
-                out.append(_stem(word))
+    get = _WORD_TERMS.get
+    for run, word in _RUNS.findall(norm):
+        if word:
+            term = get(word)
+            if term is None:
+                term = _word_term(word)
+            if term:
+                out.append(term)
         elif len(run) == 1:
             out.append(run)
         else:
-            out.extend(run[i : i + 2] for i in range(len(run) - 1))
+            out.extend([run[i : i + 2] for i in range(len(run) - 1)])
     return out
 
 
@@ -169,14 +180,13 @@ def build_text_index(notes: Sequence[MemoryNote], *, device: torch.device) -> Te
     cols: list[int] = []
     vals: list[float] = []
     for i, note in enumerate(notes):
-        counts: dict[int, int] = {}
+        terms: list[str] = []
         for s in note_strings(note):
-            for t in text_terms(s):
-                c = vocab.setdefault(t, len(vocab))
-                counts[c] = counts.get(c, 0) + 1
+            terms.extend(_split(s))  # (not the lru cache: a note's strings rarely repeat)
+        counts = Counter(terms)
         rows.extend([i] * len(counts))
-        cols.extend(counts)
-        vals.extend(float(v) for v in counts.values())
+        cols.extend([vocab.setdefault(t, len(vocab)) for t in counts])
+        vals.extend(map(float, counts.values()))
     tf = torch.sparse_coo_tensor(
         torch.tensor([rows, cols], dtype=torch.int64).reshape(2, -1),
         torch.tensor(vals, dtype=torch.float64),
