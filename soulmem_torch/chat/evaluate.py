@@ -105,7 +105,7 @@ class HaystackBank:
                 f"owners / times: expected {len(questions)} entries (one per question), found "
                 f"{len(owners)} / {len(times)}"
             )
-        config = DefaultPipelineConfig() if config is None else config
+        config = DefaultPipelineConfig.for_questions() if config is None else config
         if config.merge_top_k < depth:
             config = config.model_copy(update={"merge_top_k": depth})
         t0 = time.perf_counter()
@@ -294,8 +294,10 @@ def chat_ablation(
     device: Any = None,
     depth: int = 50,
 ) -> list[tuple[str, ChatEvalReport]]:
-    """One report per configuration of ``retrieve.evaluation.ablation_configs(base)``; the
-    haystacks are embedded once."""
+    """One report per configuration of ``retrieve.evaluation.ablation_configs(base)`` (``base``
+    ``None``: ``DefaultPipelineConfig.for_questions()``, what ``ask`` uses), then the default with
+    its seeds from the similarity alone, with dispersion weights, and the text channel alone;
+    the haystacks are embedded once."""
     from soulmem_torch.retrieve.evaluation import ablation_configs
 
     if format == "longmemeval":
@@ -303,9 +305,18 @@ def chat_ablation(
         haystacks = [q.sessions for q in data]
     else:
         roles, haystacks = None, [s.sessions for s in data]
+    from soulmem_torch.retrieve import DefaultPipelineConfig
+
     hb = HaystackBank.build(haystacks, level=level, roles=roles, embedder=embedder, device=device)
+    base = DefaultPipelineConfig.for_questions() if base is None else base
+    configs = ablation_configs(base)
+    configs += [
+        ("  default, seeds from the similarity", base.model_copy(update={"seed_source": "similarity"})),
+        ("  default, dispersion weights", base.model_copy(update={"channel_weights": "dispersion"})),
+        ("text channel alone (BM25)", base.model_copy(update={"channels": ("text",)})),
+    ]  # fmt: skip
     rows = []
-    for label, cfg in ablation_configs(base):
+    for label, cfg in configs:
         if format == "longmemeval":
             report = evaluate_longmemeval(
                 data, level=level, include_assistant=include_assistant, config=cfg,
