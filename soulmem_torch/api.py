@@ -58,6 +58,25 @@ def text_queries(text: str, *, tags: Sequence[str] = ()) -> list[MemoryRetrieveQ
     ]
 
 
+def per_query_times(now: Any, n: int) -> list[datetime | None]:
+    """``now`` as one aware datetime (or ``None``) per query: a single value is every query's;
+    a sequence must have ``n``."""
+    if now is None or isinstance(now, datetime):
+        values = [now] * n
+    elif isinstance(now, (str, bytes)) or not isinstance(now, Sequence):
+        raise ValidationError(
+            f"now: expected an aware datetime or one per query, found {type(now).__name__}"
+        )
+    else:
+        values = list(now)
+        if len(values) != n:
+            raise ValidationError(f"now: expected {n} times (one per query), found {len(values)}")
+    for i, v in enumerate(values):
+        if v is not None and (not isinstance(v, datetime) or v.utcoffset() is None):
+            raise ValidationError(f"now[{i}]: expected an aware datetime or None, found {v!r}")
+    return values
+
+
 def note_label(note: MemoryNote, *, width: int = 60) -> str:
     """A one-line human label of a note (its name / narrative / action)."""
     from soulmem_torch.model import AbstractSituation, ProcMemory, SemMemory, SpecificSituation
@@ -327,26 +346,35 @@ class SoulMem:
         *,
         config: DefaultPipelineConfig | None = None,
         priorities: Sequence[int] | None = None,
+        now: datetime | Sequence[datetime | None] | None = None,
     ) -> list[DefaultPipelineResult]:
         """The default pipeline for a batch of structured queries (one batch, one device);
-        the cyclic garbage collector is held off for the call (``retrieve._gcpause``)."""
+        the cyclic garbage collector is held off for the call (``retrieve._gcpause``).
+
+        ``now``: when the queries are asked (one aware datetime for all, or one per query);
+        the ``time`` channel reads it (docs/spec.md §7)."""
         config = config or DefaultPipelineConfig()
         priorities = list(priorities) if priorities is not None else [0] * len(queries)
         if len(priorities) != len(queries):
             raise ValidationError(
                 f"priorities: expected {len(queries)} values, found {len(priorities)}"
             )
+        nows = per_query_times(now, len(queries))
         with gc_paused():  # many short-lived acyclic objects (see _gcpause)
             requests = [
                 config.into_request(
-                    self.working_memory, q, p, embedder=self.embedder, device=self.device
+                    self.working_memory, q, p, embedder=self.embedder, device=self.device, now=t
                 )
-                for q, p in zip(queries, priorities)
+                for q, p, t in zip(queries, priorities, nows)
             ]
             return RetrDefaultPipeline().retrieve_batch(requests)
 
     def ask(
-        self, texts: Sequence[str] | str, *, config: DefaultPipelineConfig | None = None
+        self,
+        texts: Sequence[str] | str,
+        *,
+        config: DefaultPipelineConfig | None = None,
+        now: datetime | Sequence[datetime | None] | None = None,
     ) -> list[DefaultPipelineResult]:
         """Free-text questions: each runs as a concept query and an episode query (one batch);
         their memories and actions are mixed, max per note (see :func:`text_queries`). The
@@ -360,7 +388,8 @@ class SoulMem:
         with gc_paused():  # tens of thousands of short-lived acyclic objects (see _gcpause)
             queries = [q for t in texts for q in text_queries(t)]
             config = DefaultPipelineConfig.for_questions() if config is None else config
-            results = self.query(queries, config=config)
+            nows = per_query_times(now, len(texts))
+            results = self.query(queries, config=config, now=[t for t in nows for _ in (0, 1)])
             cut = config.merge_top_k
             pairs = list(zip(results[0::2], results[1::2]))  # (concept, episode) per question
             q = len(pairs)

@@ -61,7 +61,7 @@ _KNOWN_FIELDS = {
         "channels", "rank_constant", "seed_ratio", "channel_weights", "seed_source",
     },
 }  # fmt: skip
-_CHANNELS = {"seeds", "similarity", "text", "graph", "graph_undirected"}
+_CHANNELS = {"seeds", "similarity", "text", "graph", "graph_undirected", "time"}
 
 
 def supported_config(config: Any) -> None:
@@ -346,6 +346,7 @@ def run_pipeline(
     memories: Sequence[Any],
     embedder: Any,
     weights: Any = None,
+    nows: Sequence[Any] | None = None,
 ) -> list[Any]:
     """ShortOnly → Similarity → AssociateWithAction → merge for B (agent, query) pairs, with
     the cyclic garbage collector held off (``retrieve._gcpause.gc_paused``: the call builds
@@ -361,6 +362,8 @@ def run_pipeline(
             the short-term window and the string channel's notes.
         embedder: embeds texts and structured queries.
         weights: ``BlendWeights``; ``None`` → defaults.
+        nows: when each question is asked (aware datetimes or ``None``): the ``time``
+            channel.
     """
     from soulmem_torch.retrieve import DefaultPipelineResult
     from soulmem_torch.retrieve.short_only import RetrShortOnly
@@ -459,6 +462,20 @@ def run_pipeline(
         }
         if text is not None:
             channels["text"] = text
+        if "time" in config.channels and nows is not None:
+            from soulmem_torch.retrieve.text import query_strings
+            from soulmem_torch.retrieve.when import time_scores
+
+            times = union.cache.get("create_time_ns")
+            if times is None:
+                times = union.cache["create_time_ns"] = torch.cat(
+                    [g.create_time_ns.to(device) for g in union.graphs]
+                    or [torch.zeros(0, dtype=torch.int64, device=device)]
+                )
+            note_t = torch.where(valid, times[idx.clamp(min=0, max=max(len(times) - 1, 0))], 0)
+            channels["time"] = time_scores(
+                note_t, [" ".join(query_strings(q)) for q in queries], list(nows), valid=valid
+            )
         if ppr_both is not None:  # computed with the directed PPR in stage 3
             channels["graph_undirected"] = ppr_both
         names = [c for c in config.channels if c in channels]

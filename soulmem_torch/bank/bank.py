@@ -334,6 +334,7 @@ class MemoryBank:
         *,
         config: Any = None,
         priorities: Sequence[int] | None = None,
+        now: Any = None,
     ) -> list[Any]:
         """The default pipeline for ``[(agent_id, query), ...]`` in one batch.
 
@@ -343,6 +344,8 @@ class MemoryBank:
                 ``(D,)`` tensor or a string. One batch is all structured or all plain.
             config: ``DefaultPipelineConfig``; ``None`` → the default.
             priorities: one int per request (passed through); ``None`` → zeros.
+            now: when the questions are asked — one aware datetime, or one per request (the
+                ``time`` channel).
 
         Returns:
             one ``DefaultPipelineResult`` per request, in order.
@@ -372,6 +375,9 @@ class MemoryBank:
             raise ValidationError(
                 f"priorities: expected {len(pairs)} values, found {len(priorities)}"
             )
+        from soulmem_torch.api import per_query_times
+
+        nows = per_query_times(now, len(pairs))
         positions = self._positions([a for a, _ in pairs])
         if not pairs:
             return []
@@ -388,6 +394,7 @@ class MemoryBank:
                 for p in positions
             ],
             embedder=self.embedder,
+            nows=nows,
         )
 
     def ask(
@@ -396,8 +403,10 @@ class MemoryBank:
         texts: Sequence[str] | str,
         *,
         config: Any = None,
+        now: Any = None,
     ) -> list[Any]:
-        """Free-text questions, one per agent id, as ``SoulMem.ask`` of each agent.
+        """Free-text questions, one per agent id, as ``SoulMem.ask`` of each agent (``now``:
+        when they are asked, one aware datetime or one per question).
 
         Each text runs as a concept query and an episode query (one batch for all agents);
         their memories and actions are mixed, max per note. The default config is
@@ -425,7 +434,10 @@ class MemoryBank:
                 raise ValidationError(f"texts[{i}]: {exc}") from None
             requests.extend((a, q) for q in qs)
         config = DefaultPipelineConfig.for_questions() if config is None else config
-        results = self.query(requests, config=config)
+        from soulmem_torch.api import per_query_times
+
+        nows = per_query_times(now, len(texts))
+        results = self.query(requests, config=config, now=[t for t in nows for _ in (0, 1)])
         cut = config.merge_top_k
         out = []
         for i in range(len(texts)):

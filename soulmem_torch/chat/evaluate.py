@@ -109,9 +109,9 @@ class HaystackBank:
         if config.merge_top_k < depth:
             config = config.model_copy(update={"merge_top_k": depth})
         t0 = time.perf_counter()
-        # (the times are checked and kept for a time-aware channel; the pipeline does not
-        # read them yet: docs/spec.md §10)
-        results = self.bank.ask([f"haystack-{o}" for o in owners], list(questions), config=config)
+        results = self.bank.ask(
+            [f"haystack-{o}" for o in owners], list(questions), config=config, now=list(times)
+        )
         self.timings["ask_s"] = time.perf_counter() - t0
         out = []
         for o, r in zip(owners, results):

@@ -237,10 +237,12 @@ class AssociateWithActionConfig(BaseModel):
         return AssociateWithActionRequest(working_memory, list(source), self, device)
 
 
-FusionChannel = Literal["seeds", "similarity", "text", "graph", "graph_undirected"]
+FusionChannel = Literal["seeds", "similarity", "text", "graph", "graph_undirected", "time"]
 """A channel of the rank fusion (see :mod:`soulmem_torch.functional.fusion`): ``seeds`` the
 structured scores of the PPR seeds, ``similarity`` every structured score, ``text`` whole-note
-BM25, ``graph`` PPR along the links, ``graph_undirected`` PPR along the links either way."""
+BM25, ``graph`` PPR along the links, ``graph_undirected`` PPR along the links either way,
+``time`` the notes near the time the question names relative to when it is asked
+(:mod:`soulmem_torch.retrieve.when`; needs ``now``)."""
 
 
 class DefaultPipelineConfig(BaseModel):
@@ -330,12 +332,14 @@ class DefaultPipelineConfig(BaseModel):
         *,
         embedder: Any = None,
         device: Any = None,
+        now: Any = None,
     ) -> DefaultPipelineRequest:
-        """A pipeline request for one query (see ``DefaultPipelineRequest``)."""
+        """A pipeline request for one query (see ``DefaultPipelineRequest``); ``now``: when
+        the question is asked (an aware datetime; the ``time`` channel reads it)."""
         from soulmem_torch.retrieve.pipeline import DefaultPipelineRequest
 
         return DefaultPipelineRequest(
-            working_memory, query, priority, self, embedder=embedder, device=device
+            working_memory, query, priority, self, embedder=embedder, device=device, now=now
         )
 
 

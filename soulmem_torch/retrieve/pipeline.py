@@ -35,7 +35,8 @@ from soulmem_torch.retrieve.similarity import (
     similarity_scores,
     threshold_mask,
 )
-from soulmem_torch.retrieve.text import text_scores
+from soulmem_torch.retrieve.text import query_strings, text_scores
+from soulmem_torch.retrieve.when import time_scores
 
 __all__ = [
     "DefaultPipelineRequest",
@@ -130,6 +131,7 @@ class DefaultPipelineRequest:
     embedder: Any = None
     device: torch.device | str | None = None
     weights: BlendWeights | None = None
+    now: Any = None  # when the question is asked (aware datetime): the ``time`` channel
 
     def graph(self) -> MemoryGraph:
         return graph_of(self.working_memory, self.device)
@@ -253,6 +255,12 @@ class RetrDefaultPipeline:
             }
             if text is not None:
                 channels["text"] = text
+            if "time" in config.channels:
+                channels["time"] = time_scores(
+                    graph.create_time_ns,
+                    [" ".join(query_strings(r.query)) for r, _ in group],
+                    [r.now for r, _ in group],
+                )
             if "graph_undirected" in config.channels:
                 channels["graph_undirected"] = undirected_association(
                     graph, weights, chosen, config.assoc_with_action.association
