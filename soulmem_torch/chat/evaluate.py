@@ -313,6 +313,7 @@ def chat_ablation(
     configs += [
         ("  default, seeds from the similarity", base.model_copy(update={"seed_source": "similarity"})),
         ("  default, dispersion weights", base.model_copy(update={"channel_weights": "dispersion"})),
+        ("  default, family weights", base.model_copy(update={"channel_weights": "family"})),
         ("text channel alone (BM25)", base.model_copy(update={"channels": ("text",)})),
     ]  # fmt: skip
     rows = []

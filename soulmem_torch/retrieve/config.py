@@ -281,14 +281,16 @@ class DefaultPipelineConfig(BaseModel):
         description="k of reciprocal-rank fusion, Σ 1/(k + rank): how fast a channel's say "
         "falls with rank (larger → flatter).",
     )
-    channel_weights: Literal["equal", "dispersion"] = Field(
+    channel_weights: Literal["equal", "dispersion", "family"] = Field(
         default="equal",
         description="Rank fusion: 'equal' is plain reciprocal-rank fusion; 'dispersion' weighs "
         "each evidence family (the structured similarity and what derives from it — seeds, "
         "graph, graph both ways — and the text channel) per query by how far its best score "
         "stands above its mean, the most decided family 1 (functional.fusion."
-        "score_dispersion). Measured in docs/spec.md §10: better on long chat, worse on the "
-        "original's suites, so not the default.",
+        "score_dispersion); 'family' gives correlated channels one vote between them "
+        "(similarity + seeds, graph + graph_undirected: 1/2 each). Both measured in "
+        "benchmarks/RESULTS.md 'Conversations': better on long chat, worse on the original's "
+        "suites, so not the default.",
     )
     seed_source: Literal["similarity", "fused"] = Field(
         default="similarity",

@@ -106,12 +106,24 @@ def channel_weights(
 ) -> list[Tensor | None] | None:
     """The rank fusion's per-query weight of each of ``config.channels`` (``None``: equal).
 
+    ``channel_weights="family"``: channels that derive from one signal share one vote —
+    ``similarity`` and ``seeds``, ``graph`` and ``graph_undirected`` — each ``1 / (members
+    present)``; the others 1.
+
     With ``channel_weights="dispersion"`` the channels form two evidence families — the text
     channel, and the structured similarity with everything seeded by it (``similarity``,
     ``seeds``, ``graph``, ``graph_undirected``) — each weighted by
     :func:`~soulmem_torch.functional.fusion.score_dispersion` of its scores (``similarity``:
     the kept (B, N) similarity; ``text``: the BM25 scores) over the larger of the two.
     """
+    if config.channel_weights == "family":
+        families = {"similarity": "s", "seeds": "s", "graph": "g", "graph_undirected": "g"}
+        keys = [families.get(c, c) for c in config.channels]
+        b = similarity.shape[0]
+        return [
+            torch.full((b,), 1.0 / keys.count(key), dtype=torch.float64, device=similarity.device)
+            for key in keys
+        ]
     if config.channel_weights == "equal" or text is None or "text" not in config.channels:
         return None
     w_sim, w_text = family_weights(

@@ -297,7 +297,7 @@ def test_precomputed_embeddings_and_bookkeeping(tmp_path) -> None:
     assert_same_result(loaded.query([("g", vec)], config=cfg)[0], want)
 
 
-@pytest.mark.parametrize("which", ["default", "original", "dispersion"])
+@pytest.mark.parametrize("which", ["default", "original", "dispersion", "family"])
 def test_default_and_original_configs(which) -> None:
     bank = MemoryBank()
     bank.add_agent("a", sample_notes())
@@ -306,9 +306,10 @@ def test_default_and_original_configs(which) -> None:
         "default": DefaultPipelineConfig.for_questions(),  # ask's default
         "original": DefaultPipelineConfig.original(),
         "dispersion": DefaultPipelineConfig(channel_weights="dispersion"),
+        "family": DefaultPipelineConfig(channel_weights="family"),
     }[which]
     got = bank.ask(["a", "b"], TEXTS[:2], config=None if which == "default" else cfg)
-    if which == "dispersion":  # the weighting changes the lists (else this test says nothing)
+    if which in ("dispersion", "family"):  # the weights change the lists (else: says nothing)
         plain = bank.ask(["a", "b"], TEXTS[:2])
         assert [r.association for r in got] != [r.association for r in plain]
     assert_same_result(got[0], _reference(bank, "a", TEXTS[0], cfg))
