@@ -117,3 +117,21 @@ def test_longmemeval_dev_file_first_questions() -> None:
     for qid, ranking in report.rankings:
         assert len(ranking) >= 40 and len(set(ranking)) == len(ranking), qid
     assert all(0.0 <= v <= 1.0 for v in report.summary.values())
+
+
+def test_cli_import_chat_benchmark_formats(tmp_path, capsys) -> None:
+    from soulmem_torch import SoulMem
+
+    lme = longmemeval_file(tmp_path / "lme.json")
+    store = tmp_path / "lme_store"
+    assert main(["import-chat", str(lme), str(store), "--level", "session"]) == 0
+    # three distinct sessions (s_lena and s_pasta are in both haystacks): imported once each
+    assert "3 sessions" in capsys.readouterr().out
+    assert len(SoulMem.load(store)) == 3
+    loc = locomo_file(tmp_path / "locomo.json")
+    store2 = tmp_path / "locomo_store"
+    assert main(["import-chat", str(loc), str(store2), "--roles", "speaker_a"]) == 0
+    mem = SoulMem.load(store2)
+    sources = {mem.chat_source(e.note.id) for e in mem.cluster}
+    assert ("conv-x:session_1", "D1:3") in sources and ("conv-x:session_2", "D2:2") in sources
+    assert not any(t == "D1:2" for _, t in sources)  # Melanie's (speaker_b) turns left out
