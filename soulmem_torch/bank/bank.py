@@ -308,8 +308,12 @@ class MemoryBank:
         *,
         config: Any = None,
         priorities: Sequence[int] | None = None,
+        record: bool = True,
     ) -> list[Any]:
         """The default pipeline for ``[(agent_id, query), ...]`` in one batch.
+
+        With ``record`` (the default) each answer's notes count one retrieval in its agent's
+        records (``SoulMem.query``'s rule, :func:`soulmem_torch.api.record_results`).
 
         Args:
             requests: pairs of an agent id and a query — a ``MemoryRetrieveQuery`` (or its JSON
@@ -351,7 +355,7 @@ class MemoryBank:
             return []
         union = self._fresh_union(positions)
         agents, order = self._agents, self._order
-        return run_pipeline(
+        results = run_pipeline(
             union,
             positions,
             [q for _, q in pairs],
@@ -363,6 +367,17 @@ class MemoryBank:
             ],
             embedder=self.embedder,
         )
+        if record:
+            self._record(positions, results)
+        return results
+
+    def _record(self, positions: Sequence[int], results: Sequence[Any]) -> None:
+        from soulmem_torch.api import record_results
+
+        for p, result in zip(positions, results):
+            mem = self._agents[self._order[p]].mem
+            if mem is not None:
+                record_results(mem.working_memory, [result])
 
     def ask(
         self,
@@ -370,8 +385,10 @@ class MemoryBank:
         texts: Sequence[str] | str,
         *,
         config: Any = None,
+        record: bool = True,
     ) -> list[Any]:
-        """Free-text questions, one per agent id, as ``SoulMem.ask`` of each agent.
+        """Free-text questions, one per agent id, as ``SoulMem.ask`` of each agent (with
+        ``record``, the default, each answer's notes count one retrieval).
 
         Each text runs as a concept query and an episode query (one batch for all agents);
         their memories and actions are mixed, max per note.
@@ -397,7 +414,7 @@ class MemoryBank:
             except ValidationError as exc:
                 raise ValidationError(f"texts[{i}]: {exc}") from None
             requests.extend((a, q) for q in qs)
-        results = self.query(requests, config=config)
+        results = self.query(requests, config=config, record=False)
         cut = (config or DefaultPipelineConfig()).merge_top_k
         out = []
         for i in range(len(texts)):
@@ -412,6 +429,8 @@ class MemoryBank:
                     seeds=mix_by_priority([a.seeds, b.seeds], [0, 0]),
                 )
             )
+        if record:
+            self._record(self._positions(agent_ids), out)
         return out
 
     def describe(self, agent_id: str, scored: Iterable[tuple[MemoryId, float]]) -> list[Any]:
@@ -420,6 +439,93 @@ class MemoryBank:
         if agent.mem is None:
             return [(str(i), float(s)) for i, s in scored]
         return agent.mem.describe(scored)
+
+    # -- learning from use (soulmem_torch.consolidate) ------------------------------------------
+    @_locked
+    def update_plasticity(
+        self,
+        agents: Sequence[str] | None = None,
+        top_k: int = 8,
+        *,
+        save_to: str | os.PathLike[str] | None = None,
+    ) -> list[Any]:
+        """One plasticity update (LTP / LTD) of every given agent at once (docs/spec.md §10).
+
+        One :func:`~soulmem_torch.consolidate.plasticity_kernel` call over the union ranks
+        every agent's hot notes and updates every hot link; agents with no retrieval since
+        their last update are skipped. Only the agents whose links changed get a new snapshot
+        (a copy with the new edge values); the union is spliced at the next query, the other
+        agents' operators and dense inverses reused.
+
+        Args:
+            agents: agent ids; ``None``: every note-backed agent.
+            top_k: >= 0. Hot notes per agent.
+            save_to: a bank directory: the changed agents are saved there first (their new
+                link values, one atomic store each, then the manifest); only if that succeeds
+                are the values applied.
+
+        Returns:
+            the changed links (:class:`~soulmem_torch.consolidate.LinkChange`, ``agent`` set).
+        """
+        from soulmem_torch.consolidate import update_plasticity
+
+        if agents is None:
+            ids = [a for a in self._order if self._agents[a].mem is not None]
+            union = self.union() if self.device.type == "cpu" and len(ids) == len(self) else None
+        else:
+            ids = [agents] if isinstance(agents, str) else list(agents)
+            for i, a in enumerate(ids):
+                if self._get(a).mem is None:
+                    raise ValidationError(
+                        f"agents[{i}]: {a!r} was added as a tensor snapshot; it has no records"
+                    )
+            if len(set(ids)) != len(ids):
+                raise ValidationError("agents: expected distinct agent ids, found a repeat")
+            union = None
+        mems = [self._agents[a].mem for a in ids]
+        if union is not None and any(
+            m.working_memory.graph() is not self._union_snapshots[p] for p, m in enumerate(mems)
+        ):
+            self._dirty = True
+            union = self.union()
+        persist = None
+        if save_to is not None:
+            root = Path(save_to)
+
+            def persist(copies: dict[int, list[Any]]) -> None:
+                root.mkdir(parents=True, exist_ok=True)
+                for p, twins in copies.items():
+                    mems[p]._save_with(root / _agent_dir(ids[p]), {n.id: n for n in twins})
+                self._write_manifest(root)
+
+        changes = update_plasticity(
+            mems, top_k=top_k, agent_ids=ids, union=union, persist=persist
+        )
+        if changes:
+            self._dirty = True
+        return changes
+
+    async def consolidate(
+        self, agents: Sequence[str] | str, *, llm: Any, concurrency: int = 8, **options: Any
+    ) -> dict[str, Any]:
+        """Consolidates the given agents' window summaries (``SoulMem.consolidate`` of each),
+        at most ``concurrency`` at a time. Returns ``{agent id: ConsolidationReport}``; an
+        agent whose consolidation failed reports its error and is unchanged."""
+        from soulmem_torch.consolidate import consolidate_many
+
+        ids = [agents] if isinstance(agents, str) else list(agents)
+        mems = []
+        for a in ids:
+            mem = self._get(a).mem
+            if mem is None:
+                raise ValidationError(
+                    f"agents: {a!r} was added as a tensor snapshot; it has no window to consolidate"
+                )
+            mems.append(mem)
+        reports = await consolidate_many(mems, llm, concurrency=concurrency, **options)
+        if any(r.notes_added or r.links_changed for r in reports):
+            self._dirty = True
+        return dict(zip(ids, reports))
 
     # -- persistence ---------------------------------------------------------------------------
     def _manifest(self) -> dict[str, Any]:
