@@ -65,12 +65,14 @@ def record_results(working_memory: Any, results: Iterable[Any]) -> None:
     one retrieval: its record (``working_memory.records[id]``: count, first and last access)
     and the note's own ``retrieval_count`` / ``last_accessed_time`` (what forgetting reads:
     the reinforced half-life) move on, and the working memory's ``retrieval_revision`` with
-    them. The cluster's version does not move (retrieval caches stay valid).
+    them; the working memory is then ``Working`` (a consolidation makes it ``Idle``). The
+    cluster's version does not move (retrieval caches stay valid).
     """
     for result in results:
         ids = list(dict.fromkeys([i for i, _ in result.association] + [i for i, _ in result.action]))
         if ids:
             working_memory.record_retrieval(ids, touch_notes=True, mark_changed=False)
+            working_memory.transition_to_working()
 
 
 def note_label(note: MemoryNote, *, width: int = 60) -> str:
@@ -258,7 +260,7 @@ class SoulMem:
         path: str | Path,
         replace: dict[MemoryId, MemoryNote] | None = None,
         extra: list[tuple[MemoryNote, Any]] | None = None,
-        records: dict[str, Any] | None = None,
+        plasticity_done: bool = False,
     ) -> dict[str, Any]:
         """:meth:`save`, with some notes replaced by (changed) copies and extra embedded notes
         appended — how a plasticity update or a consolidation persists before it applies."""
@@ -266,6 +268,9 @@ class SoulMem:
         from soulmem_torch.runtime.records import records_to_json
         from soulmem_torch.store import MemoryStore
 
+        records = records_to_json(self.working_memory)
+        if plasticity_done:  # saved with the update's values: nothing left pending
+            records["plasticity_pending"] = False
         entries = list(self.cluster)
         replace = replace or {}
         notes = [replace.get(e.note.id, e.note) for e in entries]
@@ -283,7 +288,7 @@ class SoulMem:
             embedder_name=type(self.embedder).__name__,
             embedder_identity=embedder_identity(self.embedder),
             base_version=base,
-            records=records if records is not None else records_to_json(self.working_memory),
+            records=records,
         )
         self._origin = (target, store.last_version)
         return manifest
@@ -421,7 +426,9 @@ class SoulMem:
         if save_to is not None:
 
             def persist(copies: dict[int, list[MemoryNote]]) -> None:
-                self._save_with(save_to, {n.id: n for n in copies.get(0, [])})
+                self._save_with(
+                    save_to, {n.id: n for n in copies.get(0, [])}, plasticity_done=True
+                )
 
         return update_plasticity([self], top_k=top_k, persist=persist)
 

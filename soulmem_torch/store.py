@@ -1080,7 +1080,8 @@ class MemoryStore:
             )
         for name, entry in files.items():
             if (
-                name not in (NOTES_FILE, PENDING_FILE, READABLE_IDS_FILE, EMBEDDINGS_FILE)
+                name
+                not in (NOTES_FILE, PENDING_FILE, READABLE_IDS_FILE, EMBEDDINGS_FILE, RECORDS_FILE)
                 or not isinstance(entry, dict)
                 or not isinstance(entry.get("sha256"), str)
                 or not isinstance(entry.get("bytes"), int)

@@ -495,7 +495,9 @@ class MemoryBank:
             def persist(copies: dict[int, list[Any]]) -> None:
                 root.mkdir(parents=True, exist_ok=True)
                 for p, twins in copies.items():
-                    mems[p]._save_with(root / _agent_dir(ids[p]), {n.id: n for n in twins})
+                    mems[p]._save_with(
+                        root / _agent_dir(ids[p]), {n.id: n for n in twins}, plasticity_done=True
+                    )
                 self._write_manifest(root)
 
         changes = update_plasticity(
