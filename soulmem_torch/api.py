@@ -69,7 +69,9 @@ def record_results(working_memory: Any, results: Iterable[Any]) -> None:
     cluster's version does not move (retrieval caches stay valid).
     """
     for result in results:
-        ids = list(dict.fromkeys([i for i, _ in result.association] + [i for i, _ in result.action]))
+        ids = list(
+            dict.fromkeys([i for i, _ in result.association] + [i for i, _ in result.action])
+        )
         if ids:
             working_memory.record_retrieval(ids, touch_notes=True, mark_changed=False)
             working_memory.transition_to_working()
@@ -86,8 +88,10 @@ def note_label(note: MemoryNote, *, width: int = 60) -> str:
         text = mt.narrative
     elif isinstance(mt, AbstractSituation):
         leaf = mt.leaf
-        text = getattr(leaf, "name", None) or getattr(leaf, "action", None) or getattr(
-            leaf, "atmosphere", ""
+        text = (
+            getattr(leaf, "name", None)
+            or getattr(leaf, "action", None)
+            or getattr(leaf, "atmosphere", "")
         )
         text = f"{mt.kind}: {text}"
     elif isinstance(mt, ProcMemory):
@@ -242,6 +246,9 @@ class SoulMem:
             wm.records.update((r.memory_id, r) for r in records)
             if pending:
                 wm.retrieval_revision = wm.plasticity_revision + 1
+            summary = contents.records.get("window_summary")
+            if isinstance(summary, str) and summary:
+                wm.sliding_window.set_summary(summary)
         mem.readable_ids.update(contents.readable_ids or {})
         mem._origin = (Path(path).resolve(), contents.version)
         return mem
@@ -261,6 +268,7 @@ class SoulMem:
         replace: dict[MemoryId, MemoryNote] | None = None,
         extra: list[tuple[MemoryNote, Any]] | None = None,
         plasticity_done: bool = False,
+        consolidated: bool = False,
     ) -> dict[str, Any]:
         """:meth:`save`, with some notes replaced by (changed) copies and extra embedded notes
         appended — how a plasticity update or a consolidation persists before it applies."""
@@ -271,6 +279,8 @@ class SoulMem:
         records = records_to_json(self.working_memory)
         if plasticity_done:  # saved with the update's values: nothing left pending
             records["plasticity_pending"] = False
+        if consolidated:  # saved with the consolidation's notes: the summary is used up
+            records["window_summary"] = ""
         entries = list(self.cluster)
         replace = replace or {}
         notes = [replace.get(e.note.id, e.note) for e in entries]
@@ -403,7 +413,9 @@ class SoulMem:
     ) -> list[list[tuple[MemoryId, float]]]:
         """Association (PPR) from scored sources, one list per request."""
         config = config or AssociationConfig()
-        requests = [config.into_request(self.working_memory, s, device=self.device) for s in sources]
+        requests = [
+            config.into_request(self.working_memory, s, device=self.device) for s in sources
+        ]
         return RetrAssociation().retrieve_batch(requests)
 
     def update_plasticity(self, top_k: int = 8, *, save_to: str | Path | None = None) -> list[Any]:
@@ -426,9 +438,7 @@ class SoulMem:
         if save_to is not None:
 
             def persist(copies: dict[int, list[MemoryNote]]) -> None:
-                self._save_with(
-                    save_to, {n.id: n for n in copies.get(0, [])}, plasticity_done=True
-                )
+                self._save_with(save_to, {n.id: n for n in copies.get(0, [])}, plasticity_done=True)
 
         return update_plasticity([self], top_k=top_k, persist=persist)
 
@@ -505,6 +515,4 @@ class SoulMem:
                 "forget_sync: an event loop is already running in this thread; use "
                 "`await mem.forget(...)` here instead"
             )
-        return asyncio.run(
-            self.forget(now=now, llm=llm, progress=progress, **options)
-        )
+        return asyncio.run(self.forget(now=now, llm=llm, progress=progress, **options))

@@ -500,19 +500,26 @@ class MemoryBank:
                     )
                 self._write_manifest(root)
 
-        changes = update_plasticity(
-            mems, top_k=top_k, agent_ids=ids, union=union, persist=persist
-        )
+        changes = update_plasticity(mems, top_k=top_k, agent_ids=ids, union=union, persist=persist)
         if changes:
             self._dirty = True
         return changes
 
     async def consolidate(
-        self, agents: Sequence[str] | str, *, llm: Any, concurrency: int = 8, **options: Any
+        self,
+        agents: Sequence[str] | str,
+        *,
+        llm: Any,
+        concurrency: int = 8,
+        save_to: str | os.PathLike[str] | None = None,
+        **options: Any,
     ) -> dict[str, Any]:
         """Consolidates the given agents' window summaries (``SoulMem.consolidate`` of each),
-        at most ``concurrency`` at a time. Returns ``{agent id: ConsolidationReport}``; an
-        agent whose consolidation failed reports its error and is unchanged."""
+        at most ``concurrency`` at a time (``save_to``: a bank directory, each agent's store
+        written before its changes are applied, then the manifest). Returns ``{agent id:
+        ConsolidationReport}``; an agent whose consolidation failed reports its error and is
+        unchanged. Changes made while it runs through other calls are not locked out: call it
+        when the agents are idle."""
         from soulmem_torch.consolidate import consolidate_many
 
         ids = [agents] if isinstance(agents, str) else list(agents)
@@ -524,9 +531,18 @@ class MemoryBank:
                     f"agents: {a!r} was added as a tensor snapshot; it has no window to consolidate"
                 )
             mems.append(mem)
-        reports = await consolidate_many(mems, llm, concurrency=concurrency, **options)
-        if any(r.notes_added or r.links_changed for r in reports):
+        paths = None
+        if save_to is not None:
+            root = Path(save_to)
+            root.mkdir(parents=True, exist_ok=True)
+            paths = [root / _agent_dir(a) for a in ids]
+        reports = await consolidate_many(
+            mems, llm, concurrency=concurrency, save_to=paths, **options
+        )
+        if any(r.written for r in reports):
             self._dirty = True
+            if save_to is not None:
+                self._write_manifest(Path(save_to))
         return dict(zip(ids, reports))
 
     # -- persistence ---------------------------------------------------------------------------

@@ -158,7 +158,9 @@ async def consolidate_memory(
 
     max_reply_chars = _check_positive("max_reply_chars", max_reply_chars)
     if llm is None or not callable(llm):
-        raise ValidationError(f"llm: expected an async callable (system, user) -> str, found {llm!r}")
+        raise ValidationError(
+            f"llm: expected an async callable (system, user) -> str, found {llm!r}"
+        )
     wm = mem.working_memory
     report = ConsolidationReport()
     summary = wm.sliding_window.summary
@@ -184,9 +186,13 @@ async def consolidate_memory(
         _format_hot(cluster[mid].note, count, freq, f"h{i}")
         for i, (mid, count, freq) in enumerate(hot)
     ]
-    user = "Summary:\n" + summary.strip() + "\n\nHot memories:\n" + ("\n".join(hot_lines) or "(none)")
+    user = (
+        "Summary:\n" + summary.strip() + "\n\nHot memories:\n" + ("\n".join(hot_lines) or "(none)")
+    )
     try:
-        reply = await call_llm(llm, SPLIT_SYSTEM_PROMPT, user, timeout=timeout, max_chars=max_reply_chars)
+        reply = await call_llm(
+            llm, SPLIT_SYSTEM_PROMPT, user, timeout=timeout, max_chars=max_reply_chars
+        )
         proposed = parse_note_reply(reply)
     except LLMError as exc:
         report.error = str(exc)
@@ -272,8 +278,9 @@ async def consolidate_memory(
                     update={"mem_links": [values.get(lk.id, lk) for lk in base.mem_links]}
                 )
         mem._save_with(
-            save_to, replace, list(zip(new_notes, new_emb)), plasticity_done=plasticity
-        )
+            save_to, replace, list(zip(new_notes, new_emb)), plasticity_done=plasticity,
+            consolidated=True,
+        )  # fmt: skip
         persisted = True
 
     with _sigint_deferred():
@@ -305,15 +312,23 @@ async def consolidate_memory(
 
 
 async def consolidate_many(
-    mems: Sequence[Any], llm: Any, *, concurrency: int = 8, **options: Any
+    mems: Sequence[Any],
+    llm: Any,
+    *,
+    concurrency: int = 8,
+    save_to: Sequence[str | Path | None] | None = None,
+    **options: Any,
 ) -> list[ConsolidationReport]:
     """:func:`consolidate_memory` of several memories, at most ``concurrency`` at a time
-    (each one all or nothing on its own)."""
+    (each one all or nothing on its own; ``save_to``: one store directory per memory)."""
     concurrency = _check_positive("concurrency", concurrency)
+    paths = list(save_to) if save_to is not None else [None] * len(mems)
+    if len(paths) != len(mems):
+        raise ValidationError(f"save_to: expected {len(mems)} paths, found {len(paths)}")
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(mem: Any) -> ConsolidationReport:
+    async def one(mem: Any, path: Any) -> ConsolidationReport:
         async with gate:
-            return await consolidate_memory(mem, llm, **options)
+            return await consolidate_memory(mem, llm, save_to=path, **options)
 
-    return list(await asyncio.gather(*(one(m) for m in mems)))
+    return list(await asyncio.gather(*(one(m, p) for m, p in zip(mems, paths))))

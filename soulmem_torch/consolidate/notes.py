@@ -29,7 +29,12 @@ from soulmem_torch.model import (
     SemMemory,
     SpecificSituation,
 )
-from soulmem_torch.model.links import AbstractToSpecific, SemMemLink, SpecificToAbstract, TrigToAction
+from soulmem_torch.model.links import (
+    AbstractToSpecific,
+    SemMemLink,
+    SpecificToAbstract,
+    TrigToAction,
+)
 from soulmem_torch.model.timestamp import Timestamp
 
 __all__ = [
@@ -98,7 +103,9 @@ def _text(item: dict[str, Any], key: str, where: str, *, required: bool) -> str:
     if not isinstance(value, str) or (required and not value.strip()):
         raise LLMError(f"{where}.{key}: expected a non-empty string, found {value!r:.60}")
     if len(value) > MAX_TEXT_CHARS:
-        raise LLMError(f"{where}.{key}: expected at most {MAX_TEXT_CHARS} characters, found {len(value)}")
+        raise LLMError(
+            f"{where}.{key}: expected at most {MAX_TEXT_CHARS} characters, found {len(value)}"
+        )
     return value.strip()
 
 
@@ -185,7 +192,9 @@ def parse_note_reply(reply: str, *, now: Timestamp | None = None) -> list[Memory
         if kind == "semantic":
             ct = item.get("concept_type") or "Entity"
             if not isinstance(ct, str) or ct.strip().capitalize() not in ("Entity", "Abstract"):
-                raise LLMError(f"{where}.concept_type: expected Entity or Abstract, found {ct!r:.40}")
+                raise LLMError(
+                    f"{where}.concept_type: expected Entity or Abstract, found {ct!r:.40}"
+                )
             mem_type: Any = SemMemory(
                 content=content,
                 aliases=_strings(item.get("aliases"), f"{where}.aliases"),
@@ -194,12 +203,20 @@ def parse_note_reply(reply: str, *, now: Timestamp | None = None) -> list[Memory
             )
         elif kind == "situation":
             mem_type = SpecificSituation(
-                narrative=content, time_span=now, context=_context(item.get("context"), f"{where}.context")
+                narrative=content,
+                time_span=now,
+                context=_context(item.get("context"), f"{where}.context"),
             )
         else:
             at = item.get("action_type") or "Think"
-            if not isinstance(at, str) or at.strip().capitalize() not in ("Speak", "Think", "Skill"):
-                raise LLMError(f"{where}.action_type: expected Speak, Think or Skill, found {at!r:.40}")
+            if not isinstance(at, str) or at.strip().capitalize() not in (
+                "Speak",
+                "Think",
+                "Skill",
+            ):
+                raise LLMError(
+                    f"{where}.action_type: expected Speak, Think or Skill, found {at!r:.40}"
+                )
             mem_type = ProcMemory(
                 action=Action(content=content, action_type=ActionType(at.strip().capitalize()))
             )
@@ -281,8 +298,12 @@ def _level(note: MemoryNote) -> str:
 
 
 def legal_link_type(
-    source: MemoryNote, target: MemoryNote, *, verb: str = MINIMAL_LINK_VERB,
-    confidence: float = 1.0, prob: float = BASE_INTENSITY,
+    source: MemoryNote,
+    target: MemoryNote,
+    *,
+    verb: str = MINIMAL_LINK_VERB,
+    confidence: float = 1.0,
+    prob: float = BASE_INTENSITY,
 ) -> Any:
     """The link type the original's legality matrix allows from ``source`` to ``target``, or
     ``None`` when it forbids the pair.

@@ -100,9 +100,7 @@ class FakeLLM:
         the summary (at most 8), as a JSON array."""
         summary = user[len("Summary:\n") :].split("\n\nHot memories:", 1)[0]
         parts = [p.strip() for p in _SENTENCE.split(summary) if p.strip()][:8]
-        return json.dumps(
-            [{"type": "situation", "content": p} for p in parts], ensure_ascii=False
-        )
+        return json.dumps([{"type": "situation", "content": p} for p in parts], ensure_ascii=False)
 
     def link_reply(self, user: str) -> str:
         """A consolidation linking answer: each new note ``n*`` to the first active note."""

@@ -110,15 +110,18 @@ def records_to_json(working_memory: object) -> dict[str, object]:
     """The working memory's records as a JSON-able dict (what a store keeps beside the notes).
 
     ``plasticity_pending`` says whether a retrieval was recorded since the last plasticity
-    update (its ``retrieval_revision`` moved), so a loaded memory resumes where it stopped.
+    update (its ``retrieval_revision`` moved), so a loaded memory resumes where it stopped;
+    ``window_summary`` is the sliding window's rolling summary (what consolidation reads).
     """
     records = getattr(working_memory, "records", {})
     revision = getattr(working_memory, "retrieval_revision", 0)
     done = getattr(working_memory, "plasticity_revision", 0)
+    window = getattr(working_memory, "sliding_window", None)
     return {
         "format": RECORDS_FORMAT,
         "version": RECORDS_VERSION,
         "plasticity_pending": revision != done,
+        "window_summary": getattr(window, "summary", ""),
         "records": [r.model_dump(mode="json") for r in records.values()],
     }
 
