@@ -38,7 +38,7 @@ from torch import Tensor
 
 from soulmem_torch.errors import ValidationError
 from soulmem_torch.functional.codes import LINK_PROC, LINK_SEM
-from soulmem_torch.model.serde import f32_round
+from soulmem_torch.model.serde import f32_round, to_float32
 
 __all__ = [
     "DEFAULT_TOP_K",
@@ -347,8 +347,14 @@ def plasticity_reference(
             p = getattr(lt, "prob", None)
             new_c = conf
             if conf is not None:
-                new_c = f32_round(min(max(conf + delta, LINK_VALUE_MIN), LINK_VALUE_MAX))
+                # the float32 value widened to float64, as the original's ``as f64``
+                wide = to_float32(conf)
+                new_c = f32_round(min(max(wide + delta, LINK_VALUE_MIN), LINK_VALUE_MAX))
             new_p = p if p is None else min(max(p + delta, LINK_VALUE_MIN), LINK_VALUE_MAX)
-            if new_i != link.intensity or new_c != conf or new_p != p:
+            if (
+                new_i != link.intensity
+                or (conf is not None and new_c != f32_round(conf))
+                or new_p != p
+            ):
                 out[link.id] = (new_i, new_c, new_p)
     return out

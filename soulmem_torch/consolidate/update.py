@@ -27,6 +27,7 @@ from soulmem_torch.consolidate.plasticity import (
     plasticity_kernel,
 )
 from soulmem_torch.functional.codes import LINK_PROC, LINK_SEM
+from soulmem_torch.model.serde import f32_round
 
 __all__ = ["MemoryStats", "memory_stats", "update_plasticity"]
 
@@ -184,7 +185,8 @@ def apply_plan(
     owner = torch.searchsorted(eptr, edges, right=True) - 1
     local = edges - eptr[owner]
     owner_l, local_l = owner.tolist(), local.tolist()
-    new_i, new_c, new_p = plan.intensity.tolist(), plan.confidence.tolist(), plan.prob.tolist()
+    new_i, new_p = plan.intensity.tolist(), plan.prob.tolist()
+    new_c = [f32_round(c) for c in plan.confidence.tolist()]  # the model's float32 form
     kinds = union.edge_kind[edges].tolist()
     # per memory: {source note id: {link id: (intensity, confidence, prob, kind)}}
     wanted: dict[int, dict[Any, dict[Any, tuple[float, float, float, int]]]] = {}

@@ -1,0 +1,170 @@
+"""Plasticity (LTP / LTD): the issue's exact values through the public API, the kernel against
+the per-link loop, and the bank path against each agent's own update."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from soulmem_torch import MemoryBank, SoulMem
+from soulmem_torch.consolidate import (
+    LinkChange,
+    hot_notes,
+    plasticity_delta,
+    plasticity_reference,
+)
+from soulmem_torch.data import sample_memory_path
+from soulmem_torch.errors import ValidationError
+from soulmem_torch.graph import MemoryGraph
+from soulmem_torch.model import MemoryId, MemoryLink, ProcMemory, TrigToAction
+from soulmem_torch.model.notes import Action, MemoryNote
+from soulmem_torch.model.soul_tune import load_soul_tune_graph
+from soulmem_torch.model.timestamp import Timestamp
+from soulmem_torch.runtime import Record
+
+from ._memories import linked_pair, sem
+
+
+def test_plasticity_delta_exact_values():
+    assert plasticity_delta(0.0) == -0.05
+    assert plasticity_delta(0.5) == 0.0
+    assert plasticity_delta(1.0) == 0.08
+    assert plasticity_delta(0.49) < 0
+    assert plasticity_delta(0.51) > 0
+
+
+def test_two_notes_retrieved_once_strengthen_their_link_once():
+    mem, a, b = linked_pair(0.4)
+    mem.working_memory.record_retrieval(a.id)
+    mem.working_memory.record_retrieval(b.id)
+    changes = mem.update_plasticity()
+    assert len(changes) == 1
+    (c,) = changes
+    assert isinstance(c, LinkChange)
+    assert c.link_id == a.mem_links[0].id
+    assert c.old_intensity == pytest.approx(0.4)
+    assert c.new_intensity == pytest.approx(0.48)
+    assert c.new_confidence == pytest.approx(0.48, abs=1e-6)
+    link = mem.cluster[a.id].note.mem_links[0]
+    assert link.intensity == pytest.approx(0.48)
+    assert link.link_type.confidence == pytest.approx(0.48, abs=1e-6)
+    # the snapshot of the new version has the new values, and equals a fresh rebuild
+    g = mem.working_memory.graph()
+    fresh = MemoryGraph.from_cluster(mem.cluster)
+    assert g.version == mem.cluster.version
+    assert torch.equal(g.intensity, fresh.intensity)
+    assert torch.equal(g.confidence, fresh.confidence)
+    # a second update without a new retrieval changes nothing
+    assert mem.update_plasticity() == []
+    assert mem.cluster[a.id].note.mem_links[0].intensity == pytest.approx(0.48)
+
+
+def test_no_retrieval_no_change_and_one_hot_note_no_change():
+    mem, a, _b = linked_pair(0.4)
+    assert mem.update_plasticity() == []
+    mem.working_memory.record_retrieval(a.id)
+    # b has f = 0: norm 0 -> LTD on a -> b
+    (c,) = mem.update_plasticity()
+    assert c.new_intensity == pytest.approx(0.35)
+    mem2, _a2, _ = linked_pair(0.4)
+    assert mem2.update_plasticity(top_k=1) == []  # fewer than two hot notes
+
+
+def test_proc_prob_and_clamping():
+    sit = sem("rain")
+    act = MemoryNote.build(ProcMemory(action=Action(content="offer tea", action_type="Speak")))
+    sit.mem_links.append(MemoryLink.new(sit.id, act.id, TrigToAction(prob=0.97), intensity=0.99))
+    mem = SoulMem.from_notes([sit, act])
+    mem.working_memory.record_retrieval([sit.id, act.id])
+    (c,) = mem.update_plasticity()
+    assert c.new_intensity == 1.0 and c.new_prob == 1.0  # clamped to [0, 1]
+    assert c.new_confidence is None
+
+
+def test_hot_notes_ranking_ties():
+    ids = sorted(MemoryId() for _ in range(4))
+    now = Timestamp.now()
+    recs = {}
+    for mid, count in zip(ids, [2, 2, 3, 0]):
+        r = Record.new(mid, now=now)
+        r.retrieval_count = count
+        recs[mid] = r
+    ranked = hot_notes(recs, 3)
+    assert [row[0] for row in ranked] == [ids[2], ids[0], ids[1]]
+    assert hot_notes(recs, 0) == []
+    with pytest.raises(ValidationError, match="top_k"):
+        hot_notes(recs, -1)
+
+
+def _random_memory(rng: random.Random, n: int = 30) -> SoulMem:
+    notes = [sem(f"n{i}") for i in range(n)]
+    for note in notes:
+        for _ in range(rng.randrange(0, 5)):
+            other = rng.choice(notes)
+            value = round(rng.random(), 3)
+            from soulmem_torch.model import SemMemLink
+
+            note.mem_links.append(
+                MemoryLink.new(
+                    note.id, other.id, SemMemLink(verb="r", confidence=value), intensity=value
+                )
+            )
+    mem = SoulMem.from_notes(notes)
+    ids = [n.id for n in notes]
+    for _ in range(rng.randrange(1, 40)):
+        mem.working_memory.record_retrieval(rng.sample(ids, rng.randrange(1, 6)))
+    return mem
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kernel_matches_the_per_link_loop(seed):
+    rng = random.Random(seed)
+    mem = _random_memory(rng)
+    top_k = rng.choice([2, 3, 8, 40])
+    expected = plasticity_reference(mem.cluster.notes(), mem.working_memory.records, top_k)
+    changes = mem.update_plasticity(top_k)
+    got = {c.link_id: (c.new_intensity, c.new_confidence, c.new_prob) for c in changes}
+    assert got == expected
+
+
+def test_bank_update_equals_each_agents_own_update():
+    notes = load_soul_tune_graph(sample_memory_path()).notes
+    bank = MemoryBank()
+    bank.add_agent("a", notes[:50])
+    bank.add_agent("b", notes[30:])
+    bank.add_agent("idle", notes[:20])
+    for _ in range(2):
+        bank.ask(["a", "b"], ["a rainy afternoon at the café", "谁是我的朋友？"])
+    refs = {
+        ag: plasticity_reference(
+            bank.agent(ag).cluster.notes(), bank.agent(ag).working_memory.records
+        )
+        for ag in ("a", "b", "idle")
+    }
+    changes = bank.update_plasticity()
+    assert changes and {c.agent for c in changes} == {"a", "b"}
+    for ag in ("a", "b", "idle"):
+        got = {
+            c.link_id: (c.new_intensity, c.new_confidence, c.new_prob)
+            for c in changes
+            if c.agent == ag
+        }
+        assert got == refs[ag]
+    assert bank.update_plasticity() == []
+    # the next query sees the new link values
+    union = bank.union()
+    g = bank.graph("a")
+    assert torch.equal(g.intensity, MemoryGraph.from_cluster(bank.agent("a").cluster).intensity)
+    lo, hi = int(union.eptr[0]), int(union.eptr[1])
+    assert torch.equal(union.intensity[lo:hi], g.intensity)
+
+
+def test_bank_agents_argument_is_checked():
+    bank = MemoryBank()
+    bank.add_agent("a", [sem("x")])
+    with pytest.raises(ValidationError, match="distinct"):
+        bank.update_plasticity(["a", "a"])
+    with pytest.raises(KeyError):
+        bank.update_plasticity(["nope"])
