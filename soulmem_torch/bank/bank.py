@@ -500,8 +500,26 @@ class MemoryBank:
                     )
                 self._write_manifest(root)
 
-        changes = update_plasticity(mems, top_k=top_k, agent_ids=ids, union=union, persist=persist)
-        if changes:
+        on_applied = None
+        if union is not None:
+
+            def on_applied(plan: Any, changed: list[int]) -> None:
+                # the same nodes and edges with new values: patch the union, keep the other
+                # agents' operators and dense inverses, the node caches (no rebuild)
+                from soulmem_torch.bank._union import with_edge_values
+
+                snaps = [self._agents[a].snapshot() for a in self._order]
+                self._union = with_edge_values(
+                    union, snaps, changed, plan.edges, plan.intensity, plan.confidence,
+                    plan.prob,
+                )  # fmt: skip
+                self._union_snapshots = snaps
+
+        changes = update_plasticity(
+            mems, top_k=top_k, agent_ids=ids, union=union, persist=persist,
+            on_applied=on_applied,
+        )  # fmt: skip
+        if changes and union is None:
             self._dirty = True
         return changes
 

@@ -237,25 +237,26 @@ def plasticity_kernel(
 
     # -- ranking on padded (A, M) rows ------------------------------------------------------
     ar = torch.arange(m, device=device)
-    valid = ar.unsqueeze(0) < sizes.unsqueeze(1)
-    start = ptr[:-1].unsqueeze(1)
-    idx = torch.where(valid, start + ar, torch.zeros((), dtype=_I64, device=device))
-    freq = count.to(_F64) / span.clamp(min=1).to(_F64)
-    ok = valid if has_record is None else valid & has_record[idx]
+    neg_f = torch.full((), -1.0, dtype=_F64, device=device)
+    freq = count.to(_F64).div_(span.clamp(min=1))  # in float64, as the original's f64
+    if bool((sizes == m).all()):  # every agent has M notes: the rows are views
+        valid = None
+        start = ptr[:-1].unsqueeze(1)
+        f_all, c_row, r_row = freq.view(a, m), count.view(a, m), id_rank.view(a, m)
+        ok = None if has_record is None else has_record.view(a, m)
+    else:
+        valid = ar.unsqueeze(0) < sizes.unsqueeze(1)
+        start = ptr[:-1].unsqueeze(1)
+        idx = torch.where(valid, start + ar, torch.zeros((), dtype=_I64, device=device))
+        f_all, c_row = freq[idx], count[idx]
+        # pad slots take the id ranks after the agent's own ids
+        r_row = torch.where(valid, id_rank[idx], ar.expand(a, m))
+        ok = valid if has_record is None else valid & has_record[idx]
     if active is not None:
-        ok &= active.unsqueeze(1)
-    # columns in id order: pad slots take the positions after the agent's own ids
-    rank = torch.where(valid, id_rank[idx], ar.expand(a, m))
-    by_id = torch.empty_like(rank).scatter_(1, rank, ar.expand(a, m).contiguous())
-    f_row = torch.where(ok, freq[idx], torch.full((), -1.0, dtype=_F64, device=device))
-    c_row = torch.where(ok, count[idx], torch.full((), -1, dtype=_I64, device=device))
-    f_id = f_row.gather(1, by_id)
-    c_id = c_row.gather(1, by_id)
-    _, o1 = torch.sort(c_id, dim=1, descending=True, stable=True)
-    f1 = f_id.gather(1, o1)
-    _, o2 = torch.sort(f1, dim=1, descending=True, stable=True)
-    top = by_id.gather(1, o1.gather(1, o2[:, :k]))  # (A, k) local positions
-    top_ok = ok.gather(1, top)
+        ok = active.unsqueeze(1).expand(a, m) if ok is None else ok & active.unsqueeze(1)
+    f_row = f_all if ok is None else torch.where(ok, f_all, neg_f)
+    top = _top_positions(f_row, c_row, r_row, k)  # (A, k) local positions, hottest first
+    top_ok = torch.ones(a, k, dtype=torch.bool, device=device) if ok is None else ok.gather(1, top)
     top_f = f_row.gather(1, top)
     max_f = torch.where(top_ok, top_f, torch.zeros((), dtype=_F64, device=device)).amax(1)
     updated = (top_ok.sum(1) >= 2) & (max_f > EPSILON)
@@ -265,49 +266,99 @@ def plasticity_kernel(
     hot[:, :k] = hot_nodes
 
     # -- the hot notes' out-edges whose target is hot ---------------------------------------------
-    hs = hot_nodes[top_ok]
-    norm_node = torch.zeros(n, dtype=_F64, device=device)
-    is_hot = torch.zeros(n, dtype=torch.bool, device=device)
-    is_hot[hs] = True
-    per = max_f.unsqueeze(1).expand(a, k)[top_ok]
-    norm_node[hs] = top_f[top_ok] / per
-    lo = rowptr[hs]
-    deg = rowptr[hs + 1] - lo
+    sel = top_ok.view(-1).nonzero().squeeze(1)
+    hs = hot_nodes.view(-1).index_select(0, sel)
+    safe_max = torch.where(updated, max_f, torch.ones((), dtype=_F64, device=device))
+    hs_norm = (top_f / safe_max.unsqueeze(1)).view(-1).index_select(0, sel)
+    norm_node = torch.full((n,), -1.0, dtype=_F64, device=device)  # -1: not hot
+    norm_node.index_put_((hs,), hs_norm)
+    lo = rowptr.index_select(0, hs)
+    deg = rowptr.index_select(0, hs + 1) - lo
     total = int(deg.sum())
     if total == 0:
         return PlasticityPlan(
             empty, intensity[:0].clone(), confidence[:0].clone(), prob[:0].clone(), hot, updated
         )
     firsts = torch.cumsum(deg, 0) - deg
-    src_rep = torch.repeat_interleave(torch.arange(hs.numel(), device=device), deg)
-    edges = lo[src_rep] + (torch.arange(total, device=device) - firsts[src_rep])
-    src = hs[src_rep]
-    to = dst[edges]
-    keep = is_hot[to]
-    edges, src, to = edges[keep], src[keep], to[keep]
-    order = torch.argsort(edges)
-    edges, src, to = edges[order], src[order], to[order]
+    edges = torch.repeat_interleave(lo - firsts, deg, output_size=total)
+    edges += torch.arange(total, device=device)
+    src_norm = torch.repeat_interleave(hs_norm, deg, output_size=total)
+    to_norm = norm_node.index_select(0, dst.index_select(0, edges))
+    keep = (to_norm >= 0).nonzero().squeeze(1)
+    edges = edges.index_select(0, keep)
+    norm = torch.minimum(src_norm.index_select(0, keep), to_norm.index_select(0, keep))
+    edges, order = torch.sort(edges)
+    norm = norm.index_select(0, order).clamp_(0.0, 1.0)
 
     # -- the update ------------------------------------------------------------------------------
-    norm = torch.minimum(norm_node[src], norm_node[to]).clamp_(0.0, 1.0)
     delta = _delta_tensor(norm)
-    old_i = intensity[edges]
+    old_i = intensity.index_select(0, edges)
     new_i = (old_i + delta).clamp_(LINK_VALUE_MIN, LINK_VALUE_MAX)
-    kind = edge_kind[edges]
-    old_c = confidence[edges]
+    kind = edge_kind.index_select(0, edges)
+    old_c = confidence.index_select(0, edges)
     new_c = torch.where(
         kind == LINK_SEM,
         (old_c.to(_F64) + delta).clamp_(LINK_VALUE_MIN, LINK_VALUE_MAX).to(torch.float32),
         old_c,
     )
-    old_p = prob[edges]
+    old_p = prob.index_select(0, edges)
     new_p = torch.where(
         kind == LINK_PROC, (old_p + delta).clamp_(LINK_VALUE_MIN, LINK_VALUE_MAX), old_p
     )
-    changed = (new_i != old_i) | (new_c != old_c) | (new_p != old_p)
+    changed = ((new_i != old_i) | (new_c != old_c) | (new_p != old_p)).nonzero().squeeze(1)
     return PlasticityPlan(
-        edges[changed], new_i[changed], new_c[changed], new_p[changed], hot, updated
+        edges.index_select(0, changed),
+        new_i.index_select(0, changed),
+        new_c.index_select(0, changed),
+        new_p.index_select(0, changed),
+        hot,
+        updated,
     )
+
+
+_SECONDARY_COUNT_LIMIT = 1 << 40
+"""Counts below this (and rows of fewer than 2^20 notes) let ties be broken by one packed
+int64 key ``count · M + (M − 1 − id rank)``; larger counts take the exact sort path."""
+
+
+def _top_positions(f_row: Tensor, c_row: Tensor, r_row: Tensor, k: int) -> Tensor:
+    """Per row, the positions of the ``k`` best entries by (f desc, count desc, id rank asc),
+    best first. ``f_row`` (A, M) float64 (excluded entries: −1), ``c_row`` (A, M) int64,
+    ``r_row`` (A, M) int64: a permutation of 0..M−1 per row.
+
+    Two ``topk`` calls and a threshold instead of full row sorts: the ``k``-th largest ``f`` is
+    the threshold τ; entries above it are in, and the entries equal to it compete by the packed
+    key ``count · M + (M − 1 − rank)`` (unique per row). Only the ``k`` chosen entries are then
+    ordered (three stable sorts of ``(A, k)``).
+    """
+    a, m = f_row.shape
+    if int(c_row.max()) >= _SECONDARY_COUNT_LIMIT or m >= (1 << 20):
+        # exact path: columns in id order, stable sorts by count then f
+        ar = torch.arange(m, device=f_row.device).expand(a, m).contiguous()
+        by_id = torch.empty_like(r_row).scatter_(1, r_row, ar)
+        c_id = c_row.gather(1, by_id)
+        _, o1 = torch.sort(c_id, dim=1, descending=True, stable=True)
+        _, o2 = torch.sort(
+            f_row.gather(1, by_id).gather(1, o1), dim=1, descending=True, stable=True
+        )
+        return by_id.gather(1, o1.gather(1, o2[:, :k]))
+    tau = torch.topk(f_row, k, dim=1, sorted=False).values.amin(1, keepdim=True)
+    at_least = f_row >= tau
+    if int(at_least.sum()) == a * k:  # no row has more candidates than slots: no tie to break
+        cols = at_least.nonzero()[:, 1].view(a, k)
+    else:
+        # fewer than k entries lie above tau: they all get the top key, the ties compete by
+        # the packed (count desc, id asc) key, the rest are out
+        packed = (c_row * m).add_(m - 1).sub_(r_row)  # counts are >= 0; unique per row
+        key = torch.where(at_least, packed, torch.full((), -1, dtype=_I64, device=f_row.device))
+        key.masked_fill_(f_row > tau, _SECONDARY_COUNT_LIMIT << 20)
+        cols = torch.topk(key, k, dim=1, sorted=False).indices
+    # order the chosen k: count desc then id asc (one packed key), then f desc (stable)
+    packed_k = (c_row.gather(1, cols) * m).add_(m - 1).sub_(r_row.gather(1, cols))
+    order = torch.sort(packed_k, dim=1, descending=True).indices
+    cols = cols.gather(1, order)
+    order = torch.sort(f_row.gather(1, cols), dim=1, descending=True, stable=True).indices
+    return cols.gather(1, order)
 
 
 def plasticity_reference(

@@ -67,7 +67,8 @@ def memory_stats(working_memory: Any, graph: Any) -> MemoryStats:
     records = working_memory.records
     rows = [records.get(mid) for mid in graph.ids]
     count = [0 if r is None else r.retrieval_count for r in rows]
-    span = [0 if r is None else r.access_time_span() for r in rows]
+    # a record never retrieved has f = 0 whatever its span: its span is not needed
+    span = [r.access_time_span() if c else 0 for r, c in zip(rows, count)]
     return MemoryStats(
         count=torch.tensor(count, dtype=_I64),
         span=torch.tensor(span, dtype=_I64),
@@ -110,6 +111,7 @@ def update_plasticity(
     agent_ids: Sequence[str | None] | None = None,
     union: Any = None,
     persist: Callable[[dict[int, list[Any]]], None] | None = None,
+    on_applied: Callable[[PlasticityPlan, list[int]], None] | None = None,
 ) -> list[LinkChange]:
     """One plasticity update of every memory in ``memories`` (``SoulMem`` objects).
 
@@ -122,6 +124,8 @@ def update_plasticity(
         persist: called with ``{memory position: [changed source notes, as copies with the new
             link values]}`` before anything is applied; an exception leaves every memory as it
             was (and propagates).
+        on_applied: called after the values are applied with the plan and the positions of
+            the memories that changed (how a bank patches its union instead of rebuilding it).
 
     Returns:
         the changed links, in memory order and then union edge order.
@@ -165,7 +169,11 @@ def update_plasticity(
         union.prob, count, span, id_rank, has_record=has_record,
         active=torch.tensor(active_list, dtype=torch.bool), top_k=top_k,
     )  # fmt: skip
-    return apply_plan(memories, graphs, union, plan, active_list, agent_ids, persist)
+    changes = apply_plan(memories, graphs, union, plan, active_list, agent_ids, persist)
+    if on_applied is not None and changes:
+        owner = torch.searchsorted(union.eptr, plan.edges, right=True) - 1
+        on_applied(plan, sorted(set(owner.tolist())))
+    return changes
 
 
 def apply_plan(
@@ -202,12 +210,11 @@ def apply_plan(
         out = []
         for src, links in by_source.items():
             note = cluster[src].note
-            twin = note.model_copy(
-                update={"mem_links": [lk.model_copy(deep=True) for lk in note.mem_links]}
-            )
-            for link in twin.mem_links:
+            new_links = []
+            for link in note.mem_links:
                 values = links.get(link.id)
                 if values is None:
+                    new_links.append(link)  # unchanged: shared, never mutated
                     continue
                 i_new, c_new, p_new, kind = values
                 old_c = getattr(link.link_type, "confidence", None)
@@ -221,12 +228,15 @@ def apply_plan(
                         agent=None if agent_ids is None else agent_ids[p],
                     )
                 )  # fmt: skip
-                link.intensity = i_new
+                # validated values (clamped to [0, 1], confidence in its float32 form):
+                # copies without re-validation
+                lt = link.link_type
                 if kind == LINK_SEM:
-                    link.link_type.confidence = c_new
+                    lt = lt.model_copy(update={"confidence": c_new})
                 elif kind == LINK_PROC:
-                    link.link_type.prob = p_new
-            out.append(twin)
+                    lt = lt.model_copy(update={"prob": p_new})
+                new_links.append(link.model_copy(update={"intensity": i_new, "link_type": lt}))
+            out.append(note.model_copy(update={"mem_links": new_links}))
         copies[p] = out
     if persist is not None and copies:
         persist(copies)

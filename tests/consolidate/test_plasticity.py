@@ -115,6 +115,10 @@ def _random_memory(rng: random.Random, n: int = 30) -> SoulMem:
     ids = [n.id for n in notes]
     for _ in range(rng.randrange(1, 40)):
         mem.working_memory.record_retrieval(rng.sample(ids, rng.randrange(1, 6)))
+    for record in mem.working_memory.records.values():  # spans of 0 s to a day
+        record.first_access_time = Timestamp.from_ns(
+            record.last_access_time.ns_since_epoch - rng.randrange(0, 86_400 * 10**9)
+        )
     return mem
 
 
@@ -153,6 +157,13 @@ def test_bank_update_equals_each_agents_own_update():
         }
         assert got == refs[ag]
     assert bank.update_plasticity() == []
+    # answers after the update are each agent's own answers (operators of the changed agents
+    # rebuilt, the others' carried)
+    for ag in ("a", "b", "idle"):
+        (mine,) = bank.ask([ag], ["谁是我的朋友？"], record=False)
+        (own,) = bank.agent(ag).ask("谁是我的朋友？", record=False)
+        assert [i for i, _ in mine.association] == [i for i, _ in own.association]
+        assert [s for _, s in mine.association] == pytest.approx([s for _, s in own.association])
     # the next query sees the new link values
     union = bank.union()
     g = bank.graph("a")
@@ -168,3 +179,27 @@ def test_bank_agents_argument_is_checked():
         bank.update_plasticity(["a", "a"])
     with pytest.raises(KeyError):
         bank.update_plasticity(["nope"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("ties", [True, False])
+def test_top_positions_matches_a_python_sort(seed, ties):
+    from soulmem_torch.consolidate.plasticity import _top_positions
+
+    gen = torch.Generator().manual_seed(seed)
+    a, m, k = 50, 20, 6
+    count = torch.randint(0, 4, (a, m), generator=gen)
+    span = torch.randint(0, 3, (a, m), generator=gen)
+    f = count.double() / span.clamp(min=1).double()
+    if not ties:  # distinct frequencies: the no-tie path
+        f = torch.rand(a, m, generator=gen, dtype=torch.float64)
+    if ties:
+        f[torch.rand(a, m, generator=gen) < 0.2] = -1.0  # excluded entries
+    rank = torch.stack([torch.randperm(m, generator=gen) for _ in range(a)])
+    fast = _top_positions(f, count, rank, k)
+    exact = _top_positions(f, count + (1 << 40), rank, k)  # the exact sort path
+    for row in range(a):
+        ref = sorted(
+            range(m), key=lambda j: (-f[row, j].item(), -count[row, j].item(), rank[row, j].item())
+        )
+        assert fast[row].tolist() == ref[:k] == exact[row].tolist()
