@@ -104,6 +104,30 @@ def _single_union(graph: Any) -> Any:
     return view
 
 
+def _edge_union(graphs: Sequence[Any]) -> Any:
+    """The disjoint union of the snapshots' nodes and edges only (what the kernel reads; no
+    embeddings are concatenated)."""
+
+    class _View:
+        pass
+
+    view = _View()
+    sizes = torch.tensor([int(g.num_nodes) for g in graphs], dtype=_I64)
+    esizes = torch.tensor([int(g.edge_index.shape[1]) for g in graphs], dtype=_I64)
+    view.ptr = torch.zeros(len(graphs) + 1, dtype=_I64)
+    torch.cumsum(sizes, 0, out=view.ptr[1:])
+    view.eptr = torch.zeros(len(graphs) + 1, dtype=_I64)
+    torch.cumsum(esizes, 0, out=view.eptr[1:])
+    offset = torch.repeat_interleave(view.ptr[:-1], esizes)
+    view.edge_index = torch.cat([g.edge_index for g in graphs], dim=1) + offset
+    for name in ("edge_kind", "intensity", "confidence", "prob"):
+        setattr(view, name, torch.cat([getattr(g, name) for g in graphs]))
+    view.graphs = list(graphs)
+    view.num_nodes = int(view.ptr[-1])
+    view.cache = {}
+    return view
+
+
 def update_plasticity(
     memories: Sequence[Any],
     *,
@@ -140,12 +164,7 @@ def update_plasticity(
         return []
     graphs = [wm.graph() for wm in wms]
     if union is None:
-        if len(memories) == 1:
-            union = _single_union(graphs[0])
-        else:
-            from soulmem_torch.bank._union import build_union
-
-            union = build_union(graphs, torch.device("cpu"))
+        union = _single_union(graphs[0]) if len(memories) == 1 else _edge_union(graphs)
     if getattr(union, "rowptr", None) is None or len(memories) > 1:
         rowptr = _union_rowptr(union)
     else:
@@ -193,15 +212,16 @@ def apply_plan(
     owner = torch.searchsorted(eptr, edges, right=True) - 1
     local = edges - eptr[owner]
     owner_l, local_l = owner.tolist(), local.tolist()
+    src_l = (union.edge_index[0].index_select(0, edges) - union.ptr[owner]).tolist()
     new_i, new_p = plan.intensity.tolist(), plan.prob.tolist()
     new_c = [f32_round(c) for c in plan.confidence.tolist()]  # the model's float32 form
     kinds = union.edge_kind[edges].tolist()
     # per memory: {source note id: {link id: (intensity, confidence, prob, kind)}}
     wanted: dict[int, dict[Any, dict[Any, tuple[float, float, float, int]]]] = {}
     changes: list[LinkChange] = []
-    for j, (p, e) in enumerate(zip(owner_l, local_l)):
+    for j, (p, e, u) in enumerate(zip(owner_l, local_l, src_l)):
         g = graphs[p]
-        src = g.ids[int(g.edge_index[0, e])]
+        src = g.ids[u]
         lid = g.link_ids[e]
         wanted.setdefault(p, {}).setdefault(src, {})[lid] = (new_i[j], new_c[j], new_p[j], kinds[j])
     copies: dict[int, list[Any]] = {}

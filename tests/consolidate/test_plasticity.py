@@ -203,3 +203,31 @@ def test_top_positions_matches_a_python_sort(seed, ties):
             range(m), key=lambda j: (-f[row, j].item(), -count[row, j].item(), rank[row, j].item())
         )
         assert fast[row].tolist() == ref[:k] == exact[row].tolist()
+
+
+def test_bank_update_of_some_agents():
+    notes = load_soul_tune_graph(sample_memory_path()).notes
+    bank = MemoryBank()
+    for ag in ("a", "b", "c"):
+        bank.add_agent(ag, notes[:40])
+    bank.ask(["a", "b", "c"], ["a rainy afternoon at the café"] * 3)
+    refs = {
+        ag: plasticity_reference(
+            bank.agent(ag).cluster.notes(), bank.agent(ag).working_memory.records
+        )
+        for ag in ("a", "c")
+    }
+    changes = bank.update_plasticity(["c", "a"])
+    assert {c.agent for c in changes} == {"a", "c"}
+    for ag in ("a", "c"):
+        got = {
+            c.link_id: (c.new_intensity, c.new_confidence, c.new_prob)
+            for c in changes
+            if c.agent == ag
+        }
+        assert got == refs[ag]
+    assert bank.update_plasticity(["a", "c"]) == []
+    assert {c.agent for c in bank.update_plasticity()} == {"b"}
+    (r,) = bank.ask(["a"], ["rain"], record=False)
+    (own,) = bank.agent("a").ask("rain", record=False)
+    assert [i for i, _ in r.association] == [i for i, _ in own.association]
