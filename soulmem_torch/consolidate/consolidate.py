@@ -296,7 +296,8 @@ async def consolidate_memory(
                 live = cluster[mid].note
                 live.tags = twin.tags
                 live.mem_type = twin.mem_type
-                live.mem_links = twin.mem_links
+                current = {lk.id: lk for lk in live.mem_links}  # plasticity's new values
+                live.mem_links = [current.get(lk.id, lk) for lk in twin.mem_links]
                 cluster.set_embedding(mid, merged_emb[mid])
                 cluster.mark_changed(mid)
             wm.add_nodes(new_notes, new_emb)

@@ -332,3 +332,39 @@ def test_bank_consolidates_agents_concurrently(tmp_path):
     assert len(loaded.agent("a")) == 42 and len(loaded.agent("b")) == 40
     (r,) = bank.ask(["a"], ["tea"])  # the union is rebuilt with the new notes
     assert r.association
+
+
+def test_a_merged_note_keeps_its_plasticity_values(mem, tmp_path):
+    changed = plasticity_sources(mem)
+    assert changed
+    target = mem.cluster[changed[0]].note
+    assert target.kind == "Semantic"
+    reply = json.dumps([{"type": "semantic", "content": target.mem_type.content, "tags": ["t"]}])
+    store = tmp_path / "s"
+    mem.save(store)
+    report = asyncio.run(mem.consolidate(llm=_llm(reply), save_to=store))
+    assert report.notes_merged == [target.id] and report.links_changed
+    live = mem.cluster[target.id].note
+    assert "t" in live.tags
+    values = {c.link_id: c.new_intensity for c in report.links_changed if c.from_ == target.id}
+    assert values
+    for lk in live.mem_links:
+        if lk.id in values:
+            assert lk.intensity == values[lk.id]
+            assert mem.cluster.get_link(lk.id).intensity == values[lk.id]
+    back = SoulMem.load(store).cluster[target.id].note
+    assert {lk.id: lk.intensity for lk in back.mem_links} == {
+        lk.id: lk.intensity for lk in live.mem_links
+    }
+
+
+def plasticity_sources(mem):
+    """Semantic notes whose links the next plasticity update changes (from the reference)."""
+    from soulmem_torch.consolidate import plasticity_reference
+
+    ref = plasticity_reference(mem.cluster.notes(), mem.working_memory.records)
+    sources = []
+    for note in mem.cluster.notes():
+        if note.kind == "Semantic" and any(lk.id in ref for lk in note.mem_links):
+            sources.append(note.id)
+    return sources
