@@ -147,8 +147,14 @@ def test_bank_update_equals_each_agents_own_update():
         )
         for ag in ("a", "b", "idle")
     }
+    before = bank.union()
+    node_cache = before.cache.get("note_ids")
     changes = bank.update_plasticity()
     assert changes and {c.agent for c in changes} == {"a", "b"}
+    # the union is patched, not rebuilt: the node caches are the same objects
+    after = bank.union()
+    assert after is not before and after.field_emb is before.field_emb
+    assert node_cache is not None and after.cache.get("note_ids") is node_cache
     for ag in ("a", "b", "idle"):
         got = {
             c.link_id: (c.new_intensity, c.new_confidence, c.new_prob)
