@@ -342,10 +342,11 @@ def _top_positions(f_row: Tensor, c_row: Tensor, r_row: Tensor, k: int) -> Tenso
             f_row.gather(1, by_id).gather(1, o1), dim=1, descending=True, stable=True
         )
         return by_id.gather(1, o1.gather(1, o2[:, :k]))
-    tau = torch.topk(f_row, k, dim=1, sorted=False).values.amin(1, keepdim=True)
+    best = torch.topk(f_row, k, dim=1, sorted=False)
+    tau = best.values.amin(1, keepdim=True)
     at_least = f_row >= tau
     if int(at_least.sum()) == a * k:  # no row has more candidates than slots: no tie to break
-        cols = at_least.nonzero()[:, 1].view(a, k)
+        cols = best.indices
     else:
         # fewer than k entries lie above tau: they all get the top key, the ties compete by
         # the packed (count desc, id asc) key, the rest are out
