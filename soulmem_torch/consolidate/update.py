@@ -260,6 +260,13 @@ def apply_plan(
         copies[p] = out
     if persist is not None and copies:
         persist(copies)
+    # the changed edges are sorted, so each memory's are one contiguous slice of the plan
+    runs = torch.unique_consecutive(owner, return_counts=True)
+    offsets: dict[int, tuple[int, int]] = {}
+    at = 0
+    for p, c in zip(*(t.tolist() for t in runs)):
+        offsets[p] = (at, at + c)
+        at += c
     with _sigint_deferred():
         for p, twins in copies.items():
             wm = memories[p].working_memory
@@ -270,14 +277,14 @@ def apply_plan(
                     note = cluster[twin.id].note
                     note.mem_links = twin.mem_links
                     cluster.mark_changed(twin.id)
-                sel = (owner == p).nonzero().squeeze(1)
-                pos = local[sel]
+                lo, hi = offsets[p]
+                pos = local[lo:hi]
                 inten = old_graph.intensity.clone()
                 conf = old_graph.confidence.clone()
                 prob = old_graph.prob.clone()
-                inten[pos] = plan.intensity[sel]
-                conf[pos] = plan.confidence[sel]
-                prob[pos] = plan.prob[sel]
+                inten[pos] = plan.intensity[lo:hi]
+                conf[pos] = plan.confidence[lo:hi]
+                prob[pos] = plan.prob[lo:hi]
                 patched = old_graph.with_edge_values(
                     intensity=inten, confidence=conf, prob=prob, version=cluster.version
                 )
