@@ -235,41 +235,11 @@ def plasticity_kernel(
             torch.zeros(a, dtype=torch.bool, device=device),
         )  # fmt: skip
 
-    # -- ranking on padded (A, M) rows ------------------------------------------------------
-    ar = torch.arange(m, device=device)
-    neg_f = torch.full((), -1.0, dtype=_F64, device=device)
-    freq = count.to(_F64).div_(span.clamp(min=1))  # in float64, as the original's f64
-    if bool((sizes == m).all()):  # every agent has M notes: the rows are views
-        valid = None
-        start = ptr[:-1].unsqueeze(1)
-        f_all, c_row, r_row = freq.view(a, m), count.view(a, m), id_rank.view(a, m)
-        ok = None if has_record is None else has_record.view(a, m)
-    else:
-        valid = ar.unsqueeze(0) < sizes.unsqueeze(1)
-        start = ptr[:-1].unsqueeze(1)
-        idx = torch.where(valid, start + ar, torch.zeros((), dtype=_I64, device=device))
-        f_all, c_row = freq[idx], count[idx]
-        # pad slots take the id ranks after the agent's own ids
-        r_row = torch.where(valid, id_rank[idx], ar.expand(a, m))
-        ok = valid if has_record is None else valid & has_record[idx]
-    if active is not None:
-        ok = active.unsqueeze(1).expand(a, m) if ok is None else ok & active.unsqueeze(1)
-    f_row = f_all if ok is None else torch.where(ok, f_all, neg_f)
-    top = _top_positions(f_row, c_row, r_row, k)  # (A, k) local positions, hottest first
-    top_ok = torch.ones(a, k, dtype=torch.bool, device=device) if ok is None else ok.gather(1, top)
-    top_f = f_row.gather(1, top)
-    max_f = torch.where(top_ok, top_f, torch.zeros((), dtype=_F64, device=device)).amax(1)
-    updated = (top_ok.sum(1) >= 2) & (max_f > EPSILON)
-    top_ok &= updated.unsqueeze(1)
-    hot_nodes = torch.where(top_ok, start + top, torch.full((), -1, dtype=_I64, device=device))
-    hot = no_hot.clone()
-    hot[:, :k] = hot_nodes
+    hs, hs_norm, hot, updated = _rank_sparse(
+        ptr, count, span, id_rank, has_record, active, k, m, top_k
+    ) or _rank_padded(ptr, sizes, count, span, id_rank, has_record, active, k, m, top_k)
 
     # -- the hot notes' out-edges whose target is hot ---------------------------------------------
-    sel = top_ok.view(-1).nonzero().squeeze(1)
-    hs = hot_nodes.view(-1).index_select(0, sel)
-    safe_max = torch.where(updated, max_f, torch.ones((), dtype=_F64, device=device))
-    hs_norm = (top_f / safe_max.unsqueeze(1)).view(-1).index_select(0, sel)
     norm_node = torch.full((n,), -1.0, dtype=_F64, device=device)  # -1: not hot
     norm_node.index_put_((hs,), hs_norm)
     lo = rowptr.index_select(0, hs)
@@ -314,6 +284,115 @@ def plasticity_kernel(
         hot,
         updated,
     )
+
+
+def _rank_padded(
+    ptr: Tensor,
+    sizes: Tensor,
+    count: Tensor,
+    span: Tensor,
+    id_rank: Tensor,
+    has_record: Tensor | None,
+    active: Tensor | None,
+    k: int,
+    m: int,
+    top_k: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Every agent's hot notes on padded ``(A, M)`` rows: ``(hot node indices (H,), their
+    norm (H,), hot (A, top_k), updated (A,))``."""
+    device = ptr.device
+    a = int(ptr.numel()) - 1
+    no_hot = torch.full((a, top_k), -1, dtype=_I64, device=device)
+    # -- ranking on padded (A, M) rows ------------------------------------------------------
+    ar = torch.arange(m, device=device)
+    neg_f = torch.full((), -1.0, dtype=_F64, device=device)
+    freq = count.to(_F64).div_(span.clamp(min=1))  # in float64, as the original's f64
+    if bool((sizes == m).all()):  # every agent has M notes: the rows are views
+        valid = None
+        start = ptr[:-1].unsqueeze(1)
+        f_all, c_row, r_row = freq.view(a, m), count.view(a, m), id_rank.view(a, m)
+        ok = None if has_record is None else has_record.view(a, m)
+    else:
+        valid = ar.unsqueeze(0) < sizes.unsqueeze(1)
+        start = ptr[:-1].unsqueeze(1)
+        idx = torch.where(valid, start + ar, torch.zeros((), dtype=_I64, device=device))
+        f_all, c_row = freq[idx], count[idx]
+        # pad slots take the id ranks after the agent's own ids
+        r_row = torch.where(valid, id_rank[idx], ar.expand(a, m))
+        ok = valid if has_record is None else valid & has_record[idx]
+    if active is not None:
+        ok = active.unsqueeze(1).expand(a, m) if ok is None else ok & active.unsqueeze(1)
+    f_row = f_all if ok is None else torch.where(ok, f_all, neg_f)
+    top = _top_positions(f_row, c_row, r_row, k)  # (A, k) local positions, hottest first
+    top_ok = torch.ones(a, k, dtype=torch.bool, device=device) if ok is None else ok.gather(1, top)
+    top_f = f_row.gather(1, top)
+    max_f = torch.where(top_ok, top_f, torch.zeros((), dtype=_F64, device=device)).amax(1)
+    updated = (top_ok.sum(1) >= 2) & (max_f > EPSILON)
+    top_ok &= updated.unsqueeze(1)
+    hot_nodes = torch.where(top_ok, start + top, torch.full((), -1, dtype=_I64, device=device))
+    hot = no_hot.clone()
+    hot[:, :k] = hot_nodes
+
+    sel = top_ok.view(-1).nonzero().squeeze(1)
+    hs = hot_nodes.view(-1).index_select(0, sel)
+    safe_max = torch.where(updated, max_f, torch.ones((), dtype=_F64, device=device))
+    hs_norm = (top_f / safe_max.unsqueeze(1)).view(-1).index_select(0, sel)
+    return hs, hs_norm, hot, updated
+
+
+def _rank_sparse(
+    ptr: Tensor,
+    count: Tensor,
+    span: Tensor,
+    id_rank: Tensor,
+    has_record: Tensor | None,
+    active: Tensor | None,
+    k: int,
+    m: int,
+    top_k: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    """The same ranking from the retrieved notes only (``count > 0``), when every agent that
+    retrieved anything retrieved at least ``k`` notes: then no never-retrieved note (f = 0)
+    can be hot, and ranking the retrieved ones (a few per agent) by three stable sorts is
+    cheaper than a pass over every agent's padded row. ``None`` when an agent has between 1
+    and ``k − 1`` retrieved notes (its hot set is topped up with never-retrieved notes by id:
+    the padded path), or when counts are too large for the packed tie key."""
+    device = ptr.device
+    a = int(ptr.numel()) - 1
+    sel = count > 0
+    if has_record is not None:
+        sel &= has_record
+    nodes = sel.nonzero().squeeze(1)  # ascending: grouped by agent
+    owner = torch.searchsorted(ptr, nodes, right=True) - 1
+    if active is not None:
+        keep = active.index_select(0, owner)
+        nodes, owner = nodes[keep], owner[keep]
+    npos = torch.bincount(owner, minlength=a)
+    if bool(((npos > 0) & (npos < k)).any()):
+        return None
+    c = count.index_select(0, nodes)
+    if nodes.numel() and int(c.max()) >= _SECONDARY_COUNT_LIMIT:
+        return None
+    f = c.to(_F64).div_(span.index_select(0, nodes).clamp(min=1))
+    packed = (c * m).add_(m - 1).sub_(id_rank.index_select(0, nodes))
+    order = torch.sort(packed, descending=True).indices  # count desc, id asc (unique per agent)
+    order = order.index_select(
+        0, torch.sort(f.index_select(0, order), descending=True, stable=True).indices
+    )
+    order = order.index_select(0, torch.sort(owner.index_select(0, order), stable=True).indices)
+    nodes, owner, f = nodes[order], owner[order], f[order]
+    first = torch.cumsum(npos, 0) - npos
+    slot = torch.arange(nodes.numel(), device=device) - first.index_select(0, owner)
+    top = slot < k
+    nodes, owner, f, slot = nodes[top], owner[top], f[top], slot[top]
+    max_f = torch.zeros(a, dtype=_F64, device=device)
+    max_f[owner[slot == 0]] = f[slot == 0]
+    updated = (npos >= 2) & (max_f > EPSILON)
+    live = updated.index_select(0, owner)
+    nodes, owner, f, slot = nodes[live], owner[live], f[live], slot[live]
+    hot = torch.full((a, top_k), -1, dtype=_I64, device=device)
+    hot[owner, slot] = nodes
+    return nodes, f / max_f.index_select(0, owner), hot, updated
 
 
 _SECONDARY_COUNT_LIMIT = 1 << 40

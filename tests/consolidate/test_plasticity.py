@@ -237,3 +237,31 @@ def test_bank_update_of_some_agents():
     (r,) = bank.ask(["a"], ["rain"], record=False)
     (own,) = bank.agent("a").ask("rain", record=False)
     assert [i for i, _ in r.association] == [i for i, _ in own.association]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sparse_ranking_equals_the_padded_one(seed):
+    from soulmem_torch.consolidate.plasticity import _rank_padded, _rank_sparse
+
+    gen = torch.Generator().manual_seed(seed)
+    a, m, k = 40, 30, 5
+    ptr = torch.arange(a + 1) * m
+    sizes = ptr[1:] - ptr[:-1]
+    count = torch.randint(0, 4, (a * m,), generator=gen)
+    count.view(a, m)[:, :k] += 1  # every agent retrieved at least k notes
+    count.view(a, m)[a // 2] = 0  # and one retrieved nothing
+    span = torch.randint(0, 5, (a * m,), generator=gen)
+    rank = torch.stack([torch.randperm(m, generator=gen) for _ in range(a)]).reshape(-1)
+    active = torch.rand(a, generator=gen) < 0.8
+    has_record = torch.rand(a * m, generator=gen) < 0.95
+    has_record.view(a, m)[:, :k] = True
+    args = (count, span, rank, has_record, active, k, m, k)
+    sparse = _rank_sparse(ptr, *args)
+    assert sparse is not None
+    padded = _rank_padded(ptr, sizes, *args)
+    assert torch.equal(sparse[2], padded[2]) and torch.equal(sparse[3], padded[3])
+    s_norm = dict(zip(sparse[0].tolist(), sparse[1].tolist()))
+    p_norm = dict(zip(padded[0].tolist(), padded[1].tolist()))
+    assert s_norm == p_norm
+    count.view(a, m)[0, 1:] = 0  # an agent with a single retrieved note: the padded path
+    assert _rank_sparse(ptr, *args) is None
