@@ -15,10 +15,13 @@ The rules (the newest original's ``run_plasticity_update``):
   memory's ``retrieval_revision`` did not move).
 
 :func:`plasticity_kernel` evaluates all of it for many agents at once as tensor operations on a
-disjoint union (``ptr``-delimited agents, block-diagonal CSR edges): one padded ``(A, M)``
-ranking (two stable row sorts), one gather of the hot notes' out-edges and one elementwise
-update — no Python loop over agents, notes or links. :func:`update_plasticity` feeds it from
-``SoulMem`` working memories (one or a whole bank) and writes the changed links back; the
+disjoint union (``ptr``-delimited agents, block-diagonal CSR edges): the ranking either sorts
+only the retrieved notes (three stable sorts of a few entries per agent, when every agent that
+retrieved anything retrieved at least ``top_k`` notes) or works on padded ``(A, M)`` rows (one
+``topk``, a threshold, and a second ``topk`` on a packed tie key only when ties straddle the
+k-th place); then one gather of the hot notes' out-edges and one elementwise update — no Python
+loop over agents, notes or links. :func:`update_plasticity` feeds it from ``SoulMem`` working
+memories (one or a whole bank) and writes the changed links back; the
 per-link Python loop :func:`plasticity_reference` is its oracle (tests, benchmark).
 
 **DECISION:** records of ids that are not notes of the memory (only a direct
