@@ -33,7 +33,7 @@ from soulmem_torch.retrieve import (
 from soulmem_torch.retrieve._gcpause import gc_paused
 from soulmem_torch.retrieve.priority import mix_by_priority_batch
 
-__all__ = ["EventLoopRunningError", "SoulMem", "note_label", "text_queries"]
+__all__ = ["EventLoopRunningError", "SoulMem", "note_label", "record_results", "text_queries"]
 
 
 class EventLoopRunningError(SoulMemError, RuntimeError):
@@ -75,6 +75,25 @@ def per_query_times(now: Any, n: int) -> list[datetime | None]:
         if v is not None and (not isinstance(v, datetime) or v.utcoffset() is None):
             raise ValidationError(f"now[{i}]: expected an aware datetime or None, found {v!r}")
     return values
+
+
+def record_results(working_memory: Any, results: Iterable[Any]) -> None:
+    """Records the retrievals of pipeline answers (docs/spec.md §10).
+
+    For each result, every distinct note among its ``association`` and ``action`` lists counts
+    one retrieval: its record (``working_memory.records[id]``: count, first and last access)
+    and the note's own ``retrieval_count`` / ``last_accessed_time`` (what forgetting reads:
+    the reinforced half-life) move on, and the working memory's ``retrieval_revision`` with
+    them; the working memory is then ``Working`` (a consolidation makes it ``Idle``). The
+    cluster's version does not move (retrieval caches stay valid).
+    """
+    for result in results:
+        ids = list(
+            dict.fromkeys([i for i, _ in result.association] + [i for i, _ in result.action])
+        )
+        if ids:
+            working_memory.record_retrieval(ids, touch_notes=True, mark_changed=False)
+            working_memory.transition_to_working()
 
 
 def note_label(note: MemoryNote, *, width: int = 60) -> str:
@@ -186,7 +205,7 @@ class SoulMem:
         """Adds a chat history (``ChatSession`` objects, e.g. from
         :func:`soulmem_torch.chat.read_chat_jsonl`) as notes; returns how many were new.
 
-        The mapping is docs/spec.md §10: at ``level="turn"`` every turn (of ``roles``; ``None``:
+        The mapping is docs/spec.md §11: at ``level="turn"`` every turn (of ``roles``; ``None``:
         all, user and assistant alike) becomes a dated situation with its speaker, each
         session an episode linked to its turns, neighbouring turns linked, each speaker a
         concept; ``level="session"``: one situation per session. Every note keeps its source
@@ -299,6 +318,17 @@ class SoulMem:
             where=str(path),
         )
         mem.working_memory.add_nodes(contents.notes, embeddings)
+        if contents.records is not None:
+            from soulmem_torch.runtime.records import records_from_json
+
+            records, pending = records_from_json(contents.records, where=f"{path}: records")
+            wm = mem.working_memory
+            wm.records.update((r.memory_id, r) for r in records)
+            if pending:
+                wm.retrieval_revision = wm.plasticity_revision + 1
+            summary = contents.records.get("window_summary")
+            if isinstance(summary, str) and summary:
+                wm.sliding_window.set_summary(summary)
         mem.readable_ids.update(contents.readable_ids or {})
         mem._origin = (Path(path).resolve(), contents.version)
         return mem
@@ -310,20 +340,45 @@ class SoulMem:
         Saving back to the store this memory was loaded from fails with ``StoreChangedError``
         (nothing written) if another writer saved a version in between.
         """
+        return self._save_with(path)
+
+    def _save_with(
+        self,
+        path: str | Path,
+        replace: dict[MemoryId, MemoryNote] | None = None,
+        extra: list[tuple[MemoryNote, Any]] | None = None,
+        plasticity_done: bool = False,
+        consolidated: bool = False,
+    ) -> dict[str, Any]:
+        """:meth:`save`, with some notes replaced by (changed) copies and extra embedded notes
+        appended — how a plasticity update or a consolidation persists before it applies."""
         from soulmem_torch.embedding.identity import embedder_identity
+        from soulmem_torch.runtime.records import records_to_json
         from soulmem_torch.store import MemoryStore
 
+        records = records_to_json(self.working_memory)
+        if plasticity_done:  # saved with the update's values: nothing left pending
+            records["plasticity_pending"] = False
+        if consolidated:  # saved with the consolidation's notes: the summary is used up
+            records["window_summary"] = ""
         entries = list(self.cluster)
+        replace = replace or {}
+        notes = [replace.get(e.note.id, e.note) for e in entries]
+        embeddings = [e.embedding for e in entries]
+        for note, embedding in extra or ():
+            notes.append(note)
+            embeddings.append(embedding)
         store = MemoryStore(path)
         target = Path(path).resolve()
         base: Any = self._origin[1] if self._origin and self._origin[0] == target else ...
         manifest = store.save(
-            [e.note for e in entries],
-            [e.embedding for e in entries],
+            notes,
+            embeddings,
             readable_ids=self.readable_ids or None,
             embedder_name=type(self.embedder).__name__,
             embedder_identity=embedder_identity(self.embedder),
             base_version=base,
+            records=records,
         )
         self._origin = (target, store.last_version)
         return manifest
@@ -347,12 +402,16 @@ class SoulMem:
         config: DefaultPipelineConfig | None = None,
         priorities: Sequence[int] | None = None,
         now: datetime | Sequence[datetime | None] | None = None,
+        record: bool = True,
     ) -> list[DefaultPipelineResult]:
         """The default pipeline for a batch of structured queries (one batch, one device);
         the cyclic garbage collector is held off for the call (``retrieve._gcpause``).
 
         ``now``: when the queries are asked (one aware datetime for all, or one per query);
-        the ``time`` channel reads it (docs/spec.md §7)."""
+        the ``time`` channel reads it (docs/spec.md §7).
+
+        With ``record`` (the default) every note a query returns (its memories and actions)
+        counts one retrieval: see :func:`record_results`."""
         config = config or DefaultPipelineConfig()
         priorities = list(priorities) if priorities is not None else [0] * len(queries)
         if len(priorities) != len(queries):
@@ -367,7 +426,10 @@ class SoulMem:
                 )
                 for q, p, t in zip(queries, priorities, nows)
             ]
-            return RetrDefaultPipeline().retrieve_batch(requests)
+            results = RetrDefaultPipeline().retrieve_batch(requests)
+        if record:
+            record_results(self.working_memory, results)
+        return results
 
     def ask(
         self,
@@ -375,12 +437,16 @@ class SoulMem:
         *,
         config: DefaultPipelineConfig | None = None,
         now: datetime | Sequence[datetime | None] | None = None,
+        record: bool = True,
     ) -> list[DefaultPipelineResult]:
         """Free-text questions: each runs as a concept query and an episode query (one batch);
         their memories and actions are mixed, max per note (see :func:`text_queries`). The
         default config is :meth:`DefaultPipelineConfig.for_questions` (seeds from the
         similarity and the text channel together: a free-text question has no fields to
         match).
+
+        With ``record`` (the default) every note an answer returns counts one retrieval (once
+        per question, see :func:`record_results`); ``record=False`` leaves the records alone.
 
         Like :meth:`query`, holds Python's cyclic garbage collector off for the call (its many
         short-lived objects are acyclic; see ``soulmem_torch.retrieve._gcpause``)."""
@@ -389,7 +455,9 @@ class SoulMem:
             queries = [q for t in texts for q in text_queries(t)]
             config = DefaultPipelineConfig.for_questions() if config is None else config
             nows = per_query_times(now, len(texts))
-            results = self.query(queries, config=config, now=[t for t in nows for _ in (0, 1)])
+            results = self.query(
+                queries, config=config, now=[t for t in nows for _ in (0, 1)], record=False
+            )
             cut = config.merge_top_k
             pairs = list(zip(results[0::2], results[1::2]))  # (concept, episode) per question
             q = len(pairs)
@@ -412,6 +480,8 @@ class SoulMem:
             ]
             # freed before the collector resumes, so its first young collection sees only `out`
             del queries, results, pairs, mixed
+        if record:
+            record_results(self.working_memory, out)
         return out
 
     def similar(
@@ -440,6 +510,38 @@ class SoulMem:
             config.into_request(self.working_memory, s, device=self.device) for s in sources
         ]
         return RetrAssociation().retrieve_batch(requests)
+
+    def update_plasticity(self, top_k: int = 8, *, save_to: str | Path | None = None) -> list[Any]:
+        """One plasticity update (LTP / LTD) of the links between the hot notes (docs/spec.md
+        §10): see :mod:`soulmem_torch.consolidate.plasticity`.
+
+        Args:
+            top_k: >= 0. Hot notes (records ranked by retrieval frequency).
+            save_to: a store directory: the memory, with the new link values, is saved there
+                first (:meth:`save`); only if that succeeds are the values applied here.
+
+        Returns:
+            the changed links (:class:`~soulmem_torch.consolidate.LinkChange`: link id, ends,
+            old and new intensity, confidence, prob). Empty when nothing was retrieved since
+            the last update.
+        """
+        from soulmem_torch.consolidate import update_plasticity
+
+        persist = None
+        if save_to is not None:
+
+            def persist(copies: dict[int, list[MemoryNote]]) -> None:
+                self._save_with(save_to, {n.id: n for n in copies.get(0, [])}, plasticity_done=True)
+
+        return update_plasticity([self], top_k=top_k, persist=persist)
+
+    async def consolidate(self, *, llm: Any, **options: Any) -> Any:
+        """Consolidates the window's summary into long-term notes (docs/spec.md §10):
+        see :func:`soulmem_torch.consolidate.consolidate_memory` for ``options`` and the
+        bounds (timeout, reply size, all or nothing). A **coroutine**."""
+        from soulmem_torch.consolidate import consolidate_memory
+
+        return await consolidate_memory(self, llm, **options)
 
     async def forget(
         self,

@@ -419,6 +419,31 @@ class MemoryGraph(Data):
         state["_meta"] = self._m.fork()
         return state
 
+    def with_edge_values(
+        self, *, intensity: Tensor, confidence: Tensor, prob: Tensor, version: int | None
+    ) -> MemoryGraph:
+        """A copy with new per-edge ``intensity`` / ``confidence`` / ``prob`` (same shapes,
+        dtypes and device), the same nodes, edges and ids, stamped with ``version``.
+
+        What a plasticity update (:mod:`soulmem_torch.consolidate.plasticity`) registers as the
+        snapshot of the cluster's next version, instead of rebuilding it from the notes: only
+        the link values changed.
+        """
+        for name, new in (("intensity", intensity), ("confidence", confidence), ("prob", prob)):
+            old = getattr(self, name)
+            if new.shape != old.shape or new.dtype != old.dtype or new.device != old.device:
+                raise ValidationError(
+                    f"{name}: expected shape {tuple(old.shape)} of {old.dtype} on {old.device}, "
+                    f"found shape {tuple(new.shape)} of {new.dtype} on {new.device}"
+                )
+        out = copy.copy(self)
+        shared = self._m.shared
+        out.__dict__["_meta"] = _GraphMeta(
+            ids=shared.ids, index_of=shared.index_of, link_ids=shared.link_ids, version=version
+        )
+        out.intensity, out.confidence, out.prob = intensity, confidence, prob
+        return out
+
     # -- builders -------------------------------------------------------------------------
     @classmethod
     def of(cls, cluster: MemoryCluster, device: torch.device | str | None = None) -> MemoryGraph:

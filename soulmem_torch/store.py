@@ -144,6 +144,8 @@ MANIFEST_FILE = "manifest.json"
 NOTES_FILE = "notes.jsonl"
 PENDING_FILE = "pending_links.jsonl"
 READABLE_IDS_FILE = "readable_ids.json"
+RECORDS_FILE = "records.json"
+"""Optional: the working memory's retrieval records (``runtime.records.records_to_json``)."""
 EMBEDDINGS_FILE = "embeddings.pt"
 LOCK_FILE = "LOCK"
 MANIFEST_CHECKSUM_KEY = "manifest_sha256"
@@ -231,6 +233,8 @@ class StoreContents:
     manifest: dict[str, Any]
     pending_links: list[MemoryLink] = field(default_factory=list)
     version: str | None = None
+    records: dict[str, Any] | None = None
+    """The retrieval records saved with this version (``records.json``), or ``None``."""
 
     @property
     def id_map(self) -> dict[str, MemoryId]:
@@ -580,6 +584,7 @@ class MemoryStore:
         embedder_name: str | None = None,
         embedder_identity: EmbedderIdentity | None = None,
         base_version: str | object | None = ...,
+        records: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Writes a new version atomically and makes it the live one (under the lock).
 
@@ -596,6 +601,9 @@ class MemoryStore:
             base_version: the version the caller's data was read from (``None``: an empty
                 store). When given, the save fails with :class:`StoreChangedError` if another
                 version is live by now. Omitted: the save replaces whatever is live.
+            records: the working memory's retrieval records as JSON
+                (``runtime.records.records_to_json``), kept as ``records.json`` (checksummed
+                like every file); ``None``: none.
 
         Returns:
             The manifest that was written.
@@ -637,6 +645,9 @@ class MemoryStore:
             files[READABLE_IDS_FILE] = (text + "\n").encode("utf-8")
         if packed is not None:
             files[EMBEDDINGS_FILE] = _embeddings_bytes(packed[0])
+        if records is not None:
+            text = json.dumps(records, ensure_ascii=False, separators=(",", ":"))
+            files[RECORDS_FILE] = (text + "\n").encode("utf-8")
 
         with self.lock():
             live = self.check()  # a damaged store raises: never written over, never pruned
@@ -1016,6 +1027,12 @@ class MemoryStore:
             embeddings = self._parse_embeddings(emb_path, data[EMBEDDINGS_FILE], layout, len(notes))
         elif EMBEDDINGS_FILE in data:
             raise StoreError(f"{emb_path}: present, but the manifest has no embedding layout")
+        records = None
+        if RECORDS_FILE in data:
+            try:
+                records = json.loads(data[RECORDS_FILE].decode("utf-8"))
+            except ValueError as exc:
+                raise StoreError(f"{version_dir / RECORDS_FILE}: not JSON ({exc})") from None
         return StoreContents(
             notes=notes,
             embeddings=embeddings,
@@ -1023,6 +1040,7 @@ class MemoryStore:
             manifest=manifest,
             pending_links=pending,
             version=version_dir.name,
+            records=records,
         )
 
     @staticmethod
@@ -1062,7 +1080,8 @@ class MemoryStore:
             )
         for name, entry in files.items():
             if (
-                name not in (NOTES_FILE, PENDING_FILE, READABLE_IDS_FILE, EMBEDDINGS_FILE)
+                name
+                not in (NOTES_FILE, PENDING_FILE, READABLE_IDS_FILE, EMBEDDINGS_FILE, RECORDS_FILE)
                 or not isinstance(entry, dict)
                 or not isinstance(entry.get("sha256"), str)
                 or not isinstance(entry.get("bytes"), int)

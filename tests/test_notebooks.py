@@ -19,7 +19,7 @@ def _require(module: str) -> None:
     pytest.importorskip(module, reason=f"{module} is not installed (notebook extras)")
 
 
-@pytest.mark.parametrize("name", ["01_quickstart", "02_benchmarks"])
+@pytest.mark.parametrize("name", ["01_quickstart", "02_benchmarks", "03_learning_from_use"])
 def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for module in ("nbformat", "nbclient", "ipykernel", "matplotlib"):
         _require(module)

@@ -892,3 +892,39 @@ def candidate_bayes(
     hits = torch.zeros(b, m, dtype=_I64, device=weight.device)
     hits.scatter_add_(1, d_loc, (keys.gather(1, s_loc) & pvalid).to(_I64))
     return scores, hits > 0
+
+
+_NODE_CACHE_KEYS = (
+    "sizes_list", "tag_normalized_padded", "tag_mask_all", "note_ids", "field_normalized",
+    "tag_masked_normalized", "consolidate.rowptr",
+)  # fmt: skip
+
+
+def with_edge_values(
+    old: UnionSnapshot,
+    graphs: Sequence[Any],
+    changed: Sequence[int],
+    edges: Tensor,
+    intensity: Tensor,
+    confidence: Tensor,
+    prob: Tensor,
+) -> UnionSnapshot:
+    """The union after a plasticity update changed the values of some edges (``edges``, union
+    indices) of the agents ``changed``, whose new snapshots are in ``graphs``: the same nodes
+    and edges, new ``intensity`` / ``confidence`` / ``prob`` values. Node-level caches are kept,
+    the operators of the unchanged agents are carried (:func:`carry_operators`), the changed
+    agents' are rebuilt from their snapshots when next needed."""
+    from dataclasses import replace
+
+    device = old.device
+    inten, conf, pr = old.intensity.clone(), old.confidence.clone(), old.prob.clone()
+    e = edges.to(device)
+    inten[e] = intensity.to(device)
+    conf[e] = confidence.to(device)
+    pr[e] = prob.to(device)
+    new = replace(old, intensity=inten, confidence=conf, prob=pr, graphs=list(graphs), cache={})
+    for key in _NODE_CACHE_KEYS:
+        if key in old.cache:
+            new.cache[key] = old.cache[key]
+    carry_operators(new, old, changed)
+    return new

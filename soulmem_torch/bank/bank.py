@@ -335,8 +335,12 @@ class MemoryBank:
         config: Any = None,
         priorities: Sequence[int] | None = None,
         now: Any = None,
+        record: bool = True,
     ) -> list[Any]:
         """The default pipeline for ``[(agent_id, query), ...]`` in one batch.
+
+        With ``record`` (the default) each answer's notes count one retrieval in its agent's
+        records (``SoulMem.query``'s rule, :func:`soulmem_torch.api.record_results`).
 
         Args:
             requests: pairs of an agent id and a query — a ``MemoryRetrieveQuery`` (or its JSON
@@ -383,7 +387,7 @@ class MemoryBank:
             return []
         union = self._fresh_union(positions)
         agents, order = self._agents, self._order
-        return run_pipeline(
+        results = run_pipeline(
             union,
             positions,
             [q for _, q in pairs],
@@ -396,6 +400,17 @@ class MemoryBank:
             embedder=self.embedder,
             nows=nows,
         )
+        if record:
+            self._record(positions, results)
+        return results
+
+    def _record(self, positions: Sequence[int], results: Sequence[Any]) -> None:
+        from soulmem_torch.api import record_results
+
+        for p, result in zip(positions, results):
+            mem = self._agents[self._order[p]].mem
+            if mem is not None:
+                record_results(mem.working_memory, [result])
 
     def ask(
         self,
@@ -404,9 +419,11 @@ class MemoryBank:
         *,
         config: Any = None,
         now: Any = None,
+        record: bool = True,
     ) -> list[Any]:
         """Free-text questions, one per agent id, as ``SoulMem.ask`` of each agent (``now``:
-        when they are asked, one aware datetime or one per question).
+        when they are asked, one aware datetime or one per question; with ``record``, the
+        default, each answer's notes count one retrieval).
 
         Each text runs as a concept query and an episode query (one batch for all agents);
         their memories and actions are mixed, max per note. The default config is
@@ -437,7 +454,9 @@ class MemoryBank:
         from soulmem_torch.api import per_query_times
 
         nows = per_query_times(now, len(texts))
-        results = self.query(requests, config=config, now=[t for t in nows for _ in (0, 1)])
+        results = self.query(
+            requests, config=config, now=[t for t in nows for _ in (0, 1)], record=False
+        )
         cut = config.merge_top_k
         out = []
         for i in range(len(texts)):
@@ -452,6 +471,8 @@ class MemoryBank:
                     seeds=mix_by_priority([a.seeds, b.seeds], [0, 0]),
                 )
             )
+        if record:
+            self._record(self._positions(agent_ids), out)
         return out
 
     def describe(self, agent_id: str, scored: Iterable[tuple[MemoryId, float]]) -> list[Any]:
@@ -460,6 +481,129 @@ class MemoryBank:
         if agent.mem is None:
             return [(str(i), float(s)) for i, s in scored]
         return agent.mem.describe(scored)
+
+    # -- learning from use (soulmem_torch.consolidate) ------------------------------------------
+    @_locked
+    def update_plasticity(
+        self,
+        agents: Sequence[str] | None = None,
+        top_k: int = 8,
+        *,
+        save_to: str | os.PathLike[str] | None = None,
+    ) -> list[Any]:
+        """One plasticity update (LTP / LTD) of every given agent at once (docs/spec.md §10).
+
+        One :func:`~soulmem_torch.consolidate.plasticity_kernel` call over the union ranks
+        every agent's hot notes and updates every hot link; agents with no retrieval since
+        their last update are skipped. Only the agents whose links changed get a new snapshot
+        (a copy with the new edge values); the union is spliced at the next query, the other
+        agents' operators and dense inverses reused.
+
+        Args:
+            agents: agent ids; ``None``: every note-backed agent.
+            top_k: >= 0. Hot notes per agent.
+            save_to: a bank directory: the changed agents are saved there first (their new
+                link values, one atomic store each, then the manifest); only if that succeeds
+                are the values applied.
+
+        Returns:
+            the changed links (:class:`~soulmem_torch.consolidate.LinkChange`, ``agent`` set).
+        """
+        from soulmem_torch.consolidate import update_plasticity
+
+        if agents is None:
+            ids = [a for a in self._order if self._agents[a].mem is not None]
+            union = self.union() if self.device.type == "cpu" and len(ids) == len(self) else None
+        else:
+            ids = [agents] if isinstance(agents, str) else list(agents)
+            for i, a in enumerate(ids):
+                if self._get(a).mem is None:
+                    raise ValidationError(
+                        f"agents[{i}]: {a!r} was added as a tensor snapshot; it has no records"
+                    )
+            if len(set(ids)) != len(ids):
+                raise ValidationError("agents: expected distinct agent ids, found a repeat")
+            union = None
+        mems = [self._agents[a].mem for a in ids]
+        if union is not None and any(
+            m.working_memory.graph() is not self._union_snapshots[p] for p, m in enumerate(mems)
+        ):
+            self._dirty = True
+            union = self.union()
+        persist = None
+        if save_to is not None:
+            root = Path(save_to)
+
+            def persist(copies: dict[int, list[Any]]) -> None:
+                root.mkdir(parents=True, exist_ok=True)
+                for p, twins in copies.items():
+                    mems[p]._save_with(
+                        root / _agent_dir(ids[p]), {n.id: n for n in twins}, plasticity_done=True
+                    )
+                self._write_manifest(root)
+
+        on_applied = None
+        if union is not None:
+
+            def on_applied(plan: Any, changed: list[int]) -> None:
+                # the same nodes and edges with new values: patch the union, keep the other
+                # agents' operators and dense inverses, the node caches (no rebuild)
+                from soulmem_torch.bank._union import with_edge_values
+
+                snaps = [self._agents[a].snapshot() for a in self._order]
+                self._union = with_edge_values(
+                    union, snaps, changed, plan.edges, plan.intensity, plan.confidence,
+                    plan.prob,
+                )  # fmt: skip
+                self._union_snapshots = snaps
+
+        changes = update_plasticity(
+            mems, top_k=top_k, agent_ids=ids, union=union, persist=persist,
+            on_applied=on_applied,
+        )  # fmt: skip
+        if changes and union is None:
+            self._dirty = True
+        return changes
+
+    async def consolidate(
+        self,
+        agents: Sequence[str] | str,
+        *,
+        llm: Any,
+        concurrency: int = 8,
+        save_to: str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> dict[str, Any]:
+        """Consolidates the given agents' window summaries (``SoulMem.consolidate`` of each),
+        at most ``concurrency`` at a time (``save_to``: a bank directory, each agent's store
+        written before its changes are applied, then the manifest). Returns ``{agent id:
+        ConsolidationReport}``; an agent whose consolidation failed reports its error and is
+        unchanged. Changes made while it runs through other calls are not locked out: call it
+        when the agents are idle."""
+        from soulmem_torch.consolidate import consolidate_many
+
+        ids = [agents] if isinstance(agents, str) else list(agents)
+        mems = []
+        for a in ids:
+            mem = self._get(a).mem
+            if mem is None:
+                raise ValidationError(
+                    f"agents: {a!r} was added as a tensor snapshot; it has no window to consolidate"
+                )
+            mems.append(mem)
+        paths = None
+        if save_to is not None:
+            root = Path(save_to)
+            root.mkdir(parents=True, exist_ok=True)
+            paths = [root / _agent_dir(a) for a in ids]
+        reports = await consolidate_many(
+            mems, llm, concurrency=concurrency, save_to=paths, **options
+        )
+        if any(r.written for r in reports):
+            self._dirty = True
+            if save_to is not None:
+                self._write_manifest(Path(save_to))
+        return dict(zip(ids, reports))
 
     # -- persistence ---------------------------------------------------------------------------
     def _manifest(self) -> dict[str, Any]:

@@ -21,9 +21,11 @@ in micro-batches (one bank call each); writes run in queue order on the bank's t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,9 @@ def create_app(
     max_batch: int = 256,
     max_wait_ms: float = 2.0,
     max_queue: int = 4096,
+    idle_after: float = 0.0,
+    idle_interval: float = 0.0,
+    idle_llm: Any = None,
 ) -> Any:
     """The Starlette app serving the bank stored in ``bank_dir``.
 
@@ -80,6 +85,13 @@ def create_app(
         device: retrieval device (``None`` → CPU, ``"auto"``, ``"cuda:1"``, …).
         config: ``DefaultPipelineConfig`` for every request (``None`` → the default).
         max_batch / max_wait_ms / max_queue: the micro-batcher's settings.
+        idle_after: seconds without a request after which the bank counts as idle (0: the
+            idle trigger is off).
+        idle_interval: seconds between idle checks (0: off). When idle after new requests,
+            the bank's thread runs ``update_plasticity`` (and, with ``idle_llm``, consolidates
+            every agent whose summary is not empty), persisting to ``bank_dir`` first;
+            requests that arrive meanwhile wait in the queue.
+        idle_llm: the consolidation LLM ``(system, user) -> str``; ``None``: plasticity only.
     """
     try:
         from starlette.applications import Starlette
@@ -101,6 +113,35 @@ def create_app(
     retriever = BatchingRetriever(
         bank, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, config=config
     )
+
+    activity = {"last": time.monotonic(), "pending": False, "runs": 0}
+
+    def touched() -> None:
+        activity["last"] = time.monotonic()
+        activity["pending"] = True
+
+    def idle_work(b: Any) -> None:
+        b.update_plasticity(save_to=root)
+        if idle_llm is not None:
+            busy = [
+                a for a in b.agents()
+                if b._agents[a].mem is not None
+                and b.agent(a).working_memory.sliding_window.summary.strip()
+            ]  # fmt: skip
+            if busy:
+                asyncio.run(b.consolidate(busy, llm=idle_llm, save_to=root))
+        activity["runs"] += 1
+
+    async def idle_loop() -> None:
+        while True:
+            await asyncio.sleep(idle_interval)
+            quiet = time.monotonic() - activity["last"]
+            if activity["pending"] and quiet >= idle_after:
+                activity["pending"] = False
+                try:
+                    await retriever.call(idle_work)
+                except SoulMemError:  # reported by the next health check's counters
+                    activity["pending"] = True
 
     def error(status: int, message: str) -> Any:
         return JSONResponse({"error": message}, status_code=status)
@@ -146,6 +187,7 @@ def create_app(
                 "batches": stats.batches,
                 "largest_batch": stats.largest_batch,
                 "busy_seconds": round(stats.busy_seconds, 3),
+                "idle_runs": activity["runs"],
             }
         )
 
@@ -154,6 +196,7 @@ def create_app(
         agent = field(data, "agent", str, "an agent id (string)")
         text = field(data, "text", str, "a question (string)")
         result = await retriever.ask(agent, text)
+        touched()
         return JSONResponse(result_json(bank, agent, result))
 
     async def query(request: Request) -> Any:
@@ -170,6 +213,7 @@ def create_app(
         except ValueError as exc:
             raise ValidationError(f"body.query: not a valid MemoryRetrieveQuery: {exc}") from None
         result = await retriever.query(agent, q, priority=priority)
+        touched()
         return JSONResponse(result_json(bank, agent, result))
 
     async def add_notes(request: Request) -> Any:
@@ -195,9 +239,18 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         await retriever.start()
+        idle = (
+            asyncio.get_running_loop().create_task(idle_loop())
+            if idle_after > 0 and idle_interval > 0
+            else None
+        )
         try:
             yield
         finally:
+            if idle is not None:
+                idle.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await idle
             await retriever.aclose()
 
     def route(path: str, handler: Any, methods: list[str]) -> Any:

@@ -1,4 +1,4 @@
-"""Conversations as memories (docs/spec.md §10).
+"""Conversations as memories (docs/spec.md §11).
 
 * :class:`ChatTurn`, :class:`ChatSession` — a chat history;
 * readers: :func:`read_chat_jsonl` (a plain JSON Lines log), :func:`read_longmemeval`,

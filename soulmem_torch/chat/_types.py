@@ -1,4 +1,4 @@
-"""Conversations: :class:`ChatTurn` and :class:`ChatSession` (docs/spec.md §10)."""
+"""Conversations: :class:`ChatTurn` and :class:`ChatSession` (docs/spec.md §11)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Conversations as SoulMem notes (docs/spec.md §10, DECISION "chat mapping").
+"""Conversations as SoulMem notes (docs/spec.md §11, DECISION "chat mapping").
 
 ``level="turn"`` (the default of :meth:`SoulMem.add_sessions`): every kept turn is a
 ``SpecificSituation`` (narrative = the turn's text with its image caption, ``time_span`` = the

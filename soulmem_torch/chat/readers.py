@@ -1,4 +1,4 @@
-"""Readers of chat histories: a plain JSON Lines log, LongMemEval and LoCoMo (docs/spec.md §10).
+"""Readers of chat histories: a plain JSON Lines log, LongMemEval and LoCoMo (docs/spec.md §11).
 
 Every reader returns :class:`~soulmem_torch.chat.ChatSession` objects (and, for the benchmarks,
 their questions); malformed input raises :class:`~soulmem_torch.errors.ValidationError` naming

@@ -11,9 +11,12 @@ Commands (``soulmem COMMAND --help`` for every flag)::
                    [--device D]
     soulmem forget STORE (--now TIME | --days N) (--llm MOD:FUNC | --fake | --mask-only)
                    [--concurrency N] [--timeout S] [--dry-run] [--show N] [--json]
+    soulmem consolidate STORE (--llm MOD:FUNC | --fake) [--summary TEXT|@FILE] [--top-k N]
+                   [--link-with-llm] [--timeout S] [--json]
     soulmem versions STORE [--json]
     soulmem restore  STORE VERSION
     soulmem serve  BANK_DIR [--host H] [--port P] [--device D] [--config C]
+                   [--idle-after S] [--idle-interval S]
 
 STORE is a store directory (:class:`~soulmem_torch.store.MemoryStore`); ``query`` and ``export``
 also accept a notes file (serde JSON / JSON Lines, or an evaluation graph) in its place.
@@ -55,6 +58,7 @@ from collections.abc import Iterator, Sequence
 
 from soulmem_torch.cli import (
     add,
+    consolidate,
     demo,
     export,
     forget,
@@ -109,19 +113,9 @@ __all__ = [
 
 #: The command modules, in ``--help`` order; each has ``add_parser(sub)``.
 COMMANDS = [
-    demo,
-    query,
-    add,
-    import_,
-    import_chat,
-    export,
-    schema,
-    eval_,
-    forget,
-    versions,
-    restore,
-    serve_,
-]
+    demo, query, add, import_, import_chat, export, schema, eval_, forget, consolidate,
+    versions, restore, serve_,
+]  # fmt: skip
 
 _EPILOG = """\
 exit status: 0 ok, 1 runtime error (missing/corrupt file, bad config, failing LLM, ...),

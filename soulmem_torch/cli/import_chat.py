@@ -1,4 +1,4 @@
-"""``soulmem import-chat``: a chat history into a store (docs/spec.md §10)."""
+"""``soulmem import-chat``: a chat history into a store (docs/spec.md §11)."""
 
 from __future__ import annotations
 

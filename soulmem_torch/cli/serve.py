@@ -48,6 +48,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "soulmem serve needs the 'serve' extra: pip install 'soulmem_torch[serve]'"
         ) from None
     config = _load_pipeline_config(args.config)
+    idle_llm = None
+    if args.idle_llm == "fake":
+        from soulmem_torch.forget import FakeLLM
+
+        idle_llm = FakeLLM()
+    elif args.idle_llm is not None:
+        from soulmem_torch.cli._llm import _load_llm
+
+        idle_llm = _load_llm(args.idle_llm)
     if args.threads:
         import torch
 
@@ -64,6 +73,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_wait_ms=args.max_wait_ms,
         max_queue=args.max_queue,
         log_level=args.log_level,
+        idle_after=args.idle_after,
+        idle_interval=args.idle_interval,
+        idle_llm=idle_llm,
     )
     return EXIT_OK
 
@@ -93,6 +105,21 @@ def add_parser(sub: Any) -> None:
         help="torch CPU threads for the bank calls (default: torch's choice; on a machine "
         "shared with other busy processes, 1 avoids OpenMP contention)",
     )
+    p.add_argument(
+        "--idle-after", type=_positive(float), default=0.0, metavar="S",
+        help="seconds without a request after which the bank is idle and learns from use: "
+        "the plasticity update, and with --idle-llm the consolidation of window summaries, "
+        "persisted to BANK_DIR (0, the default: off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--idle-interval", type=_positive(float), default=0.0, metavar="S",
+        help="seconds between idle checks (0, the default: off; both flags must be > 0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--idle-llm", default=None, metavar="MODULE:FUNCTION",
+        help="the consolidation LLM of the idle trigger ('fake': the built-in FakeLLM); "
+        "without it only the plasticity update runs",
+    )  # fmt: skip
     p.add_argument(
         "--log-level",
         default="warning",

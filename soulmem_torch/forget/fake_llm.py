@@ -29,6 +29,7 @@ __all__ = ["FakeLLM"]
 _MASK_SLOT = re.compile(r" ?\[masked\] ?")
 _CJK = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
 _ROLE = re.compile(r"^\[[^\]]*\]:\s*")
+_SENTENCE = re.compile(r"(?<=[.!?。！？])\s*|\n+")
 _U64 = (1 << 64) - 1
 
 _ZH_WORDS: tuple[str, ...] = ("某处", "某人", "一些", "当时", "那里", "东西", "一起", "似乎")
@@ -88,7 +89,27 @@ class FakeLLM:
             return self.fill_masks(user[len("Masked text: ") :])
         if user.startswith("Content: "):
             return self.align_reply(user)
+        if user.startswith("Summary:\n"):
+            return self.split_reply(user)
+        if user.startswith("Notes:\n"):
+            return self.link_reply(user)
         return self.summarize(user)
+
+    def split_reply(self, user: str) -> str:
+        """A consolidation split (``soulmem_torch.consolidate``): one episode per sentence of
+        the summary (at most 8), as a JSON array."""
+        summary = user[len("Summary:\n") :].split("\n\nHot memories:", 1)[0]
+        parts = [p.strip() for p in _SENTENCE.split(summary) if p.strip()][:8]
+        return json.dumps([{"type": "situation", "content": p} for p in parts], ensure_ascii=False)
+
+    def link_reply(self, user: str) -> str:
+        """A consolidation linking answer: each new note ``n*`` to the first active note."""
+        names = [line.split(":", 1)[0].strip() for line in user.split("\n")[1:] if ":" in line]
+        new = [n for n in names if n.startswith("n")]
+        target = next((n for n in names if n.startswith("a")), None)
+        if target is None:
+            return "[]"
+        return json.dumps([{"from": n, "to": target, "verb": "related"} for n in new])
 
     def fill_masks(self, masked_text: str) -> str:
         """Fills every ``[masked]`` slot (with its surrounding spaces) deterministically."""

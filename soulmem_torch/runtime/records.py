@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from soulmem_torch.model.ids import MemoryId
 from soulmem_torch.model.timestamp import Timestamp
 
-__all__ = ["Feedback", "Record"]
+__all__ = ["Feedback", "Record", "records_from_json", "records_to_json"]
 
 
 class Feedback(str, Enum):
@@ -100,3 +100,53 @@ class Record(BaseModel):
     def feedback_before(self, end: Timestamp) -> list[tuple[Timestamp, Feedback]]:
         """Feedback with ``time < end``."""
         return [(t, f) for t, f in self.feedback_history if t < end]
+
+
+RECORDS_FORMAT = "soulmem_torch.records"
+RECORDS_VERSION = 1
+
+
+def records_to_json(working_memory: object) -> dict[str, object]:
+    """The working memory's records as a JSON-able dict (what a store keeps beside the notes).
+
+    ``plasticity_pending`` says whether a retrieval was recorded since the last plasticity
+    update (its ``retrieval_revision`` moved), so a loaded memory resumes where it stopped;
+    ``window_summary`` is the sliding window's rolling summary (what consolidation reads).
+    """
+    records = getattr(working_memory, "records", {})
+    revision = getattr(working_memory, "retrieval_revision", 0)
+    done = getattr(working_memory, "plasticity_revision", 0)
+    window = getattr(working_memory, "sliding_window", None)
+    return {
+        "format": RECORDS_FORMAT,
+        "version": RECORDS_VERSION,
+        "plasticity_pending": revision != done,
+        "window_summary": getattr(window, "summary", ""),
+        "records": [r.model_dump(mode="json") for r in records.values()],
+    }
+
+
+def records_from_json(data: object, *, where: str = "records") -> tuple[list[Record], bool]:
+    """Parses :func:`records_to_json` output: ``(records, plasticity_pending)``.
+
+    Raises:
+        ValueError (``ValidationError``): naming ``where`` and the bad entry.
+    """
+    from soulmem_torch.errors import ValidationError
+
+    if not isinstance(data, dict) or data.get("format") != RECORDS_FORMAT:
+        raise ValidationError(f"{where}: expected a {RECORDS_FORMAT} object, found {data!r:.80}")
+    if data.get("version") != RECORDS_VERSION:
+        raise ValidationError(
+            f"{where}: expected version {RECORDS_VERSION}, found {data.get('version')!r}"
+        )
+    rows = data.get("records")
+    if not isinstance(rows, list):
+        raise ValidationError(f"{where}.records: expected a list, found {type(rows).__name__}")
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            out.append(Record.model_validate(row))
+        except ValueError as exc:
+            raise ValidationError(f"{where}.records[{i}]: {exc}") from None
+    return out, bool(data.get("plasticity_pending", False))

@@ -264,6 +264,12 @@ class SlidingWindow:
         self._messages.clear()
         self._tag_count = self._capacity if self._counter_start is None else self._counter_start
 
+    def set_summary(self, text: str) -> None:
+        """Sets the summary (e.g. restored from a store, or a chat log to consolidate)."""
+        if not isinstance(text, str):
+            raise ValidationError(f"text: expected a str, found {type(text).__name__}")
+        self._summary = text
+
     def clear_summary(self) -> None:
         """Empties the summary (e.g. after consolidating it into long-term memory)."""
         self._summary = ""

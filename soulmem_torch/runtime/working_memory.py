@@ -74,6 +74,12 @@ class WorkingMemory:
             else SlidingWindow(window_capacity, llm, timeout=summary_timeout)
         )
         self.records: dict[MemoryId, Record] = {}
+        self.retrieval_revision = 0
+        """Counts :meth:`record_retrieval` calls that recorded something (the original's
+        retrieval revision: a plasticity update runs only when it moved since the last one)."""
+        self.plasticity_revision = 0
+        """:attr:`retrieval_revision` at the last plasticity update
+        (:func:`soulmem_torch.consolidate.update_plasticity`)."""
 
     @classmethod
     def new(cls, window_capacity: int = 20) -> WorkingMemory:
@@ -143,20 +149,32 @@ class WorkingMemory:
 
     # -- records --------------------------------------------------------------------------
     def record_retrieval(
-        self, ids: MemoryId | Iterable[MemoryId], *, touch_notes: bool = False
+        self,
+        ids: MemoryId | Iterable[MemoryId],
+        *,
+        touch_notes: bool = False,
+        mark_changed: bool = True,
     ) -> None:
-        """Counts one retrieval of each id in its record (a record is opened if missing).
+        """Counts one retrieval of each id in its record (a record is opened if missing) and
+        moves :attr:`retrieval_revision` on.
 
         Args:
             ids: one ``MemoryId`` or several (repeats count repeatedly).
             touch_notes: also call ``retrieval_increment()`` on each note present in the
-                cluster (the note's own count drives forgetting) and mark it changed.
+                cluster (the note's own count drives forgetting).
+            mark_changed: with ``touch_notes``, mark each touched note changed (the cluster's
+                version moves on and its snapshot is rebuilt). ``False`` (what the retrieval
+                pipeline uses) leaves the version alone: a note's count and access time are
+                read by forgetting from the note itself, never from the snapshot, so retrieval
+                caches (transitions, dense inverses) survive a recorded retrieval.
         """
         if isinstance(ids, MemoryId):
             ids = [ids]
+        ids = list(ids)
         for mid in ids:
             if not isinstance(mid, MemoryId):
                 raise ValidationError(f"ids: expected MemoryId values, found {type(mid).__name__}")
+        for mid in ids:
             record = self.records.get(mid)
             if record is None:
                 record = self.records[mid] = Record.new(mid)
@@ -165,7 +183,10 @@ class WorkingMemory:
                 item = self.cluster.get(mid)
                 if item is not None:
                     item.note.retrieval_increment()
-                    self.cluster.mark_changed(mid)
+                    if mark_changed:
+                        self.cluster.mark_changed(mid)
+        if ids:
+            self.retrieval_revision += 1
 
     def feedback(self, id: MemoryId, feedback: Feedback | str) -> bool:
         """Adds user feedback to the record of ``id``; ``False`` (ignored) if it has none."""
