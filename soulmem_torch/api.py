@@ -69,8 +69,10 @@ def note_label(note: MemoryNote, *, width: int = 60) -> str:
         text = mt.narrative
     elif isinstance(mt, AbstractSituation):
         leaf = mt.leaf
-        text = getattr(leaf, "name", None) or getattr(leaf, "action", None) or getattr(
-            leaf, "atmosphere", ""
+        text = (
+            getattr(leaf, "name", None)
+            or getattr(leaf, "action", None)
+            or getattr(leaf, "atmosphere", "")
         )
         text = f"{mt.kind}: {text}"
     elif isinstance(mt, ProcMemory):
@@ -154,6 +156,104 @@ class SoulMem:
         if readable_ids:
             self.readable_ids.update(readable_ids)
         return sum(bool(a) for a in added)
+
+    def remember(
+        self,
+        text: str,
+        *,
+        kind: str = "semantic",
+        time: Any = None,
+        tags: Sequence[str] = (),
+        name: str | None = None,
+        link_to: Any = None,
+        verb: str | None = None,
+        trigger: float | None = None,
+        situation_link: str | None = None,
+        confidence: float = 1.0,
+        link_intensity: float = 1.0,
+        **options: Any,
+    ) -> MemoryId:
+        """Builds a note from plain text, embeds it and adds it; returns its id.
+
+        Args:
+            text: the concept, the episode's narrative, the action, or the abstract
+                situation's place / person / atmosphere / event.
+            kind: ``"semantic"`` (default), ``"situation"``, ``"action"``, or an abstract
+                situation: ``"location"``, ``"participant"``, ``"environment"``, ``"event"``.
+            time: when (aware ``datetime`` or RFC 3339 string; ``None`` → now): the note's
+                creation time and a situation's ``time_span``.
+            tags: the note's tags.
+            name: a readable id (``"sem_osmanthus"``), unique in this memory; results and
+                :meth:`describe` show it, and ``link_to`` / :meth:`id_of` accept it.
+            link_to: one outgoing link to an existing note (a readable id, a ``MemoryId`` or
+                its UUID text), of the kind given by exactly one of ``verb`` (a semantic link,
+                with ``confidence``), ``trigger`` (the probability that this note triggers the
+                target action) or ``situation_link`` (``"to-abstract"`` / ``"to-specific"``);
+                ``link_intensity`` is its intensity.
+            **options: the kind's own fields (see
+                :func:`~soulmem_torch.model.remember.note_from_text`): ``aliases``,
+                ``description``, ``abstract``; ``location``, ``participants``;
+                ``action_type``; ``role``; ``tone``; ``initiator``, ``target``, ``intensity``.
+
+        Raises:
+            ValidationError: a bad argument (named), a taken ``name``;
+            NotFoundError: an unknown ``link_to``. Nothing is added on any error.
+
+        Example:
+            >>> from soulmem_torch import SoulMem
+            >>> mem = SoulMem()
+            >>> cake = mem.remember("osmanthus cake", name="sem_osmanthus", tags=["food"])
+            >>> _ = mem.remember("Baked the cake with Grandma", kind="situation",
+            ...                  link_to="sem_osmanthus", verb="about")
+            >>> len(mem), mem.cluster.num_links
+            (2, 1)
+        """
+        from soulmem_torch.model.remember import add_link, link_type, note_from_text
+
+        if name is not None:
+            if not isinstance(name, str) or not name.strip():
+                raise ValidationError(f"name: expected a non-empty string, found {name!r}")
+            if name in self.readable_ids.values():
+                raise ValidationError(f"name: {name!r} already names another note")
+        link_args = (verb, trigger, situation_link)
+        if link_to is None and any(v is not None for v in link_args):
+            raise ValidationError("link_to: verb / trigger / situation_link need a link_to note")
+        note = note_from_text(text, kind=kind, time=time, tags=tags, **options)
+        if link_to is not None:
+            target = self.id_of(link_to)
+            kind_of_link = link_type(
+                verb=verb, trigger=trigger, situation_link=situation_link, confidence=confidence
+            )
+            add_link(note, target, kind_of_link, intensity=link_intensity)
+        self.add_notes([note], readable_ids={note.id: name} if name is not None else None)
+        return note.id
+
+    def id_of(self, ref: Any) -> MemoryId:
+        """The id of a note given by its readable id, its ``MemoryId`` or its UUID text.
+
+        Raises:
+            NotFoundError: no note of this memory is called or numbered so.
+        """
+        from soulmem_torch.errors import NotFoundError
+
+        if isinstance(ref, MemoryId):
+            if self.cluster.get(ref) is None:
+                raise NotFoundError(f"note {ref}: not in this memory")
+            return ref
+        if not isinstance(ref, str) or not ref:
+            raise ValidationError(
+                f"note: expected a readable id, a MemoryId or a UUID string, found {ref!r}"
+            )
+        for mid, rid in self.readable_ids.items():
+            if rid == ref and self.cluster.get(mid) is not None:
+                return mid
+        try:
+            mid = MemoryId(ref)
+        except (ValueError, TypeError):
+            mid = None
+        if mid is not None and self.cluster.get(mid) is not None:
+            return mid
+        raise NotFoundError(f"note {ref!r}: no note of this memory has that readable id or id")
 
     @classmethod
     def from_notes(cls, notes: Iterable[MemoryNote], **kwargs: Any) -> SoulMem:
@@ -340,7 +440,9 @@ class SoulMem:
     ) -> list[list[tuple[MemoryId, float]]]:
         """Association (PPR) from scored sources, one list per request."""
         config = config or AssociationConfig()
-        requests = [config.into_request(self.working_memory, s, device=self.device) for s in sources]
+        requests = [
+            config.into_request(self.working_memory, s, device=self.device) for s in sources
+        ]
         return RetrAssociation().retrieve_batch(requests)
 
     async def forget(
@@ -408,6 +510,4 @@ class SoulMem:
                 "forget_sync: an event loop is already running in this thread; use "
                 "`await mem.forget(...)` here instead"
             )
-        return asyncio.run(
-            self.forget(now=now, llm=llm, progress=progress, **options)
-        )
+        return asyncio.run(self.forget(now=now, llm=llm, progress=progress, **options))

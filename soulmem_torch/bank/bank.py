@@ -237,6 +237,42 @@ class MemoryBank:
         self._dirty = True
         return added
 
+    @_locked
+    def remember(self, agent_id: str, text: str, **fields: Any) -> MemoryId:
+        """Builds a note from plain text for one agent, embeds it and adds it; returns its id.
+
+        The agent is created when it is not in the bank yet. ``fields`` are those of
+        :meth:`SoulMem.remember <soulmem_torch.api.SoulMem.remember>` (``kind``, ``time``,
+        ``tags``, ``name``, ``link_to`` with ``verb`` / ``trigger`` / ``situation_link``, and the
+        kind's own fields); nothing is added (and no agent created) on an error.
+
+        Example::
+
+            bank.remember("npc-17", "I like tea", tags=["taste"], name="sem_tea")
+            bank.remember("npc-17", "Shared a pot of tea with Mei", kind="situation",
+                          participants=["Mei:friend"], link_to="sem_tea", verb="about")
+        """
+        from soulmem_torch.api import SoulMem
+
+        agent_id = _check_agent_id(agent_id)
+        agent = self._agents.get(agent_id)
+        if agent is not None and agent.mem is None:
+            raise ValidationError(
+                f"agent_id: {agent_id!r} was added as a tensor snapshot and cannot take notes"
+            )
+        mem = (
+            agent.mem
+            if agent is not None
+            else SoulMem(
+                embedder=self.embedder, device=self.device, window_capacity=self.window_capacity
+            )
+        )
+        note_id = mem.remember(text, **fields)
+        if agent is None:
+            self._register(agent_id, _Agent(mem=mem))
+        self._dirty = True
+        return note_id
+
     def _get(self, agent_id: Any) -> _Agent:
         _check_agent_id(agent_id)
         agent = self._agents.get(agent_id)

@@ -315,7 +315,9 @@ def test_eval_congyu() -> None:
     out = ok(soulmem("eval", suite, "--cases"))
     assert "cases: 31  pass rate: 1.000" in out
     row = next(ln for ln in out.splitlines() if ln.startswith("per sub-query"))
-    assert float(row.split()[2]) == pytest.approx(0.890, abs=0.001)  # per-sub-query MRR (rank fusion)
+    assert float(row.split()[2]) == pytest.approx(
+        0.890, abs=0.001
+    )  # per-sub-query MRR (rank fusion)
     assert re.search(r"MRR\s+Hit\s+R@1\s+P@1\s+nDCG@1", out)
     assert out.count("[PASS]") == 31
 
@@ -342,7 +344,17 @@ def test_forget_fake_dry_run_then_save(store_copy: Path) -> None:
     assert MemoryStore(store_copy).current_version() == version
     assert live_notes_bytes(store_copy) == before
 
-    report = json.loads(ok(soulmem("forget", store_copy, "--days", "1", "--fake", "--json")))
+    # --fake alone is a dry run too: the placeholder text reaches the store only with --write
+    out = ok(soulmem("forget", store_copy, "--days", "1", "--fake"))
+    assert "dry run (--fake implies it; --fake --write saves)" in out
+    assert MemoryStore(store_copy).current_version() == version
+    assert live_notes_bytes(store_copy) == before
+    fails(soulmem("forget", store_copy, "--days", "1", "--fake", "--write", "--dry-run"), 2)
+    fails(soulmem("forget", store_copy, "--days", "1", "--mask-only", "--write"), 2, "--write")
+
+    report = json.loads(
+        ok(soulmem("forget", store_copy, "--days", "1", "--fake", "--write", "--json"))
+    )
     assert report["saved"] is True
     assert report["counts"] == {"NoAction": 36, "MaskOnly": 0, "Revised": 41}
     assert report["reembedded"] == 41 and len(report["changed"]) == 41
