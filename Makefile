@@ -11,11 +11,11 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_SPEC ?= cpu
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.soulmem-installed
-# the quick subset: everything but the tests that start many interpreters or servers, run the
-# notebooks, or walk the README (see README "Developing" for the durations)
-FAST_IGNORE := --ignore=tests/test_notebooks.py --ignore=tests/test_readme.py \
-	--ignore=tests/test_readme_walk.py --ignore=tests/cli --ignore=tests/store \
-	--ignore=tests/bank/test_sharded.py --ignore=tests/test_bench_harness.py
+# the quick subset: everything but the tests that start many interpreters, processes or servers
+# (the command line, locking, sharding, batch memory), run the notebooks or walk the README
+FAST_IGNORE := --ignore=tests/cli --ignore=tests/test_notebooks.py --ignore=tests/test_readme.py \
+	--ignore=tests/test_readme_walk.py --ignore=tests/store/test_locking.py \
+	--ignore=tests/bank/test_sharded.py --ignore=tests/retrieve/test_batch_memory.py
 
 .PHONY: install test test-fast lint demo bench gpu-check clean
 

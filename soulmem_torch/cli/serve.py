@@ -52,8 +52,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    if not getattr(args, "quiet", False):
-        print(f"soulmem serve: {args.bank_dir} on http://{args.host}:{args.port}", flush=True)
+
+    def announce(host: str, port: int) -> None:
+        if not getattr(args, "quiet", False):
+            print(f"soulmem serve: {args.bank_dir} on http://{host}:{port}", flush=True)
+
     run_server(
         args.bank_dir,
         host=args.host,
@@ -64,6 +67,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_wait_ms=args.max_wait_ms,
         max_queue=args.max_queue,
         log_level=args.log_level,
+        announce=announce,
     )
     return EXIT_OK
 
@@ -78,9 +82,16 @@ def add_parser(sub: Any) -> None:
         "POST /agents/{id}/notes (persisted atomically), GET /health. Concurrent requests are "
         "answered in micro-batches (one bank call each). Needs the 'serve' extra.",
     )
-    p.add_argument("bank_dir", metavar="BANK_DIR", help="bank directory (created on first write)")
+    p.add_argument(
+        "bank_dir",
+        metavar="BANK_DIR",
+        help="bank directory (MemoryBank.save); a new or empty one is created on the first "
+        "write; anything else (a store, a file) is refused",
+    )
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8000, help="TCP port (8000)")
+    p.add_argument(
+        "--port", type=_port, default=8000, help="TCP port (8000; 0: any free port, printed)"
+    )
     p.add_argument("--max-batch", type=_positive(int), default=256, help="requests per batch")
     p.add_argument(
         "--max-wait-ms", type=_positive(float), default=2.0, help="batch gathering window (ms)"
