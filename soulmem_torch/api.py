@@ -383,10 +383,19 @@ class SoulMem:
             return RetrDefaultPipeline().retrieve_batch(requests)
 
     def ask(
-        self, texts: Sequence[str] | str, *, config: DefaultPipelineConfig | None = None
+        self,
+        texts: Sequence[str] | str,
+        *,
+        config: DefaultPipelineConfig | None = None,
+        only_matching: bool = True,
     ) -> list[DefaultPipelineResult]:
         """Free-text questions: each runs as a concept query and an episode query (one batch);
         their memories and actions are mixed, max per note (see :func:`text_queries`).
+
+        ``only_matching`` (default): results that matched nothing the question said are left
+        out — a memory is kept when it shares a word (or CJK bigram) with the question or is
+        linked to a note that does (:mod:`soulmem_torch.retrieve.evidence`); a question that
+        matches no note gets no memories. ``False`` returns every fused result.
 
         Like :meth:`query`, holds Python's cyclic garbage collector off for the call (its many
         short-lived objects are acyclic; see ``soulmem_torch.retrieve._gcpause``)."""
@@ -414,6 +423,10 @@ class SoulMem:
                 )
                 for i, (a, _) in enumerate(pairs)
             ]
+            if only_matching:
+                from soulmem_torch.retrieve.evidence import filter_result
+
+                out = [filter_result(self.cluster, t, r) for t, r in zip(texts, out)]
             # freed before the collector resumes, so its first young collection sees only `out`
             del queries, results, pairs, mixed
         return out

@@ -406,11 +406,13 @@ class MemoryBank:
         texts: Sequence[str] | str,
         *,
         config: Any = None,
+        only_matching: bool = True,
     ) -> list[Any]:
         """Free-text questions, one per agent id, as ``SoulMem.ask`` of each agent.
 
         Each text runs as a concept query and an episode query (one batch for all agents);
-        their memories and actions are mixed, max per note.
+        their memories and actions are mixed, max per note. ``only_matching`` (default) leaves
+        out results that matched nothing the question said, as ``SoulMem.ask`` does.
         """
         from soulmem_torch.api import text_queries
         from soulmem_torch.retrieve import (
@@ -448,6 +450,13 @@ class MemoryBank:
                     seeds=mix_by_priority([a.seeds, b.seeds], [0, 0]),
                 )
             )
+        if only_matching:
+            from soulmem_torch.retrieve.evidence import filter_result
+
+            for i, (agent_id, text) in enumerate(zip(agent_ids, texts)):
+                mem = self._agents[agent_id].mem
+                if mem is not None:  # a tensor-built agent has no texts to match
+                    out[i] = filter_result(mem.cluster, text, out[i])
         return out
 
     def describe(self, agent_id: str, scored: Iterable[tuple[MemoryId, float]]) -> list[Any]:

@@ -20,10 +20,10 @@ with warnings.catch_warnings():  # "use httpx2" (Starlette's test client)
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
-from soulmem_torch.bank import MemoryBank  # noqa: E402
-from soulmem_torch.bank.serve import create_app  # noqa: E402
-from soulmem_torch.errors import StoreError  # noqa: E402
-from soulmem_torch.model.remember import note_from_text  # noqa: E402
+from soulmem_torch.bank import MemoryBank
+from soulmem_torch.bank.serve import create_app
+from soulmem_torch.errors import StoreError
+from soulmem_torch.model.remember import note_from_text
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
