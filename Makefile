@@ -12,10 +12,12 @@ TORCH_SPEC ?= cpu
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.soulmem-installed
 # the quick subset: everything but the tests that start many interpreters, processes or servers
-# (the command line, locking, sharding, batch memory), run the notebooks or walk the README
+# (the command line, locking, sharding, batch memory), wait on timeouts (forgetting's bounds and
+# interrupts), run the notebooks or walk the README
 FAST_IGNORE := --ignore=tests/cli --ignore=tests/test_notebooks.py --ignore=tests/test_readme.py \
 	--ignore=tests/test_readme_walk.py --ignore=tests/store/test_locking.py \
-	--ignore=tests/bank/test_sharded.py --ignore=tests/retrieve/test_batch_memory.py
+	--ignore=tests/bank/test_sharded.py --ignore=tests/retrieve/test_batch_memory.py \
+	--ignore=tests/forget/test_atomic.py --ignore=tests/forget/test_bounds.py
 
 .PHONY: install test test-fast lint demo bench gpu-check clean
 

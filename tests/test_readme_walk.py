@@ -25,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,10 +117,12 @@ def test_following_the_readme_top_to_bottom_loses_nothing(tmp_path: Path) -> Non
                 code = code.replace("8000", port)
             body = "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + code
             argv = ["bash", "-c", body]
+        t0 = time.perf_counter()
         proc = subprocess.run(
             argv, cwd=clone, env=env, capture_output=True, text=True, encoding="utf-8",
             timeout=600,
         )  # fmt: skip
+        print(f"README.md:{line} ({lang}): {time.perf_counter() - t0:.1f} s")
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (
             f"README.md:{line} ({lang}) failed with exit {proc.returncode}:\n"
             f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-3000:]}"
