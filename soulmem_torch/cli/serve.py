@@ -79,8 +79,11 @@ def add_parser(sub: Any) -> None:
         parents=[common_parent(), device_parent(), config_parent()],
         help="serve a memory bank (many agents) over HTTP",
         description="An HTTP JSON API over a MemoryBank directory: POST /ask, POST /query, "
-        "POST /agents/{id}/notes (persisted atomically), GET /health. Concurrent requests are "
-        "answered in micro-batches (one bank call each). Needs the 'serve' extra.",
+        "GET /agents, GET /agents/{id}, POST /agents/{id}/notes (plain {text} notes or serde "
+        "notes, persisted atomically), GET / DELETE /agents/{id}/notes/{note}, POST "
+        "/agents/{id}/turns, POST /agents/{id}/forget, GET /health; errors are JSON. "
+        "Concurrent requests are answered in micro-batches (one bank call each). Needs the "
+        "'serve' extra.",
     )
     p.add_argument(
         "bank_dir",

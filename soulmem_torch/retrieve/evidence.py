@@ -21,7 +21,7 @@ never over the memory's notes; the note terms are cached per cluster version.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from soulmem_torch.retrieve.text import note_strings, query_strings, text_terms
@@ -52,8 +52,7 @@ def query_terms(query: Any) -> frozenset[str]:
     return frozenset(t for s in query_strings(query) for t in text_terms(s)) - STOP_TERMS
 
 
-def _note_terms(cluster: Any, note_id: Any) -> frozenset[str]:
-    cache: dict[Any, frozenset[str]] = cluster.derived(("evidence_terms",), dict)
+def _note_terms(cluster: Any, note_id: Any, cache: dict[Any, frozenset[str]]) -> frozenset[str]:
     terms = cache.get(note_id)
     if terms is None:
         entry = cluster.get(note_id)
@@ -66,12 +65,19 @@ def _note_terms(cluster: Any, note_id: Any) -> frozenset[str]:
     return terms
 
 
-def _has_evidence(cluster: Any, note_id: Any, terms: frozenset[str]) -> bool:
-    if not terms.isdisjoint(_note_terms(cluster, note_id)):
-        return True
-    neighbours = [lk.to for lk in cluster.out_links(note_id)]
-    neighbours += [lk.from_ for lk in cluster.in_links(note_id)]
-    return any(not terms.isdisjoint(_note_terms(cluster, n)) for n in neighbours)
+def _reach_terms(cluster: Any, note_id: Any) -> frozenset[str]:
+    """The terms of a note and of its neighbours (one hop, either way), cached per cluster
+    version: after a note's first check, checking it is one set intersection."""
+    own, reach = cluster.derived(("evidence_terms",), lambda: ({}, {}))
+    terms = reach.get(note_id)
+    if terms is None:
+        neighbours = [lk.to for lk in cluster.out_links(note_id)]
+        neighbours += [lk.from_ for lk in cluster.in_links(note_id)]
+        terms = _note_terms(cluster, note_id, own).union(
+            *(_note_terms(cluster, n, own) for n in neighbours)
+        )
+        reach[note_id] = terms
+    return terms
 
 
 def keep_matching(
@@ -80,19 +86,10 @@ def keep_matching(
     """Each scored list with the rows that have no evidence for ``terms`` left out."""
     if not terms:
         return [[] for _ in lists]
-    verdict: dict[Any, bool] = {}
-
-    def keep(rows: Iterable[tuple[Any, float]]) -> list[tuple[Any, float]]:
-        out = []
-        for mid, score in rows:
-            ok = verdict.get(mid)
-            if ok is None:
-                ok = verdict[mid] = _has_evidence(cluster, mid, terms)
-            if ok:
-                out.append((mid, score))
-        return out
-
-    return [keep(rows) for rows in lists]
+    isdisjoint = terms.isdisjoint
+    return [
+        [row for row in rows if not isdisjoint(_reach_terms(cluster, row[0]))] for rows in lists
+    ]
 
 
 def filter_result(cluster: Any, question: Any, result: Any) -> Any:
