@@ -206,9 +206,12 @@ def create_app(
             mem = b.agent(agent) if agent in b else None
             notes, names = build_notes(items, mem)
             by_id = {str(n.id): n.id for n in notes}
+            taken = {n: mid for mid, n in (mem.readable_ids if mem is not None else {}).items()}
             for key, name in names_raw.items():
                 if key not in by_id:
                     raise ValidationError(f"body.names: {key!r} is not the id of a note sent")
+                if taken.get(name, by_id[key]) != by_id[key] or name in names.values():
+                    raise ValidationError(f"body.names: {name!r} already names another note")
                 names[by_id[key]] = name
             if agent in b:
                 added = b.add_notes(agent, notes, readable_ids=names)
