@@ -43,3 +43,24 @@ def test_forget_fake_does_not_write_unless_asked(store: Path, capsys) -> None:
     assert MemoryStore(store).current_version() == version
     assert main(["-q", "forget", str(store), "--days", "30", "--fake", "--write"]) == 0
     assert MemoryStore(store).current_version() != version
+
+
+def test_names_survive_export_and_import(store: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "notes.jsonl"
+    assert main(["-q", "export", str(store), str(out)]) == 0
+    sidecar = Path(str(out) + ".names.json")
+    assert sidecar.exists() and "sem_cake" in sidecar.read_text(encoding="utf-8")
+    copy = tmp_path / "copy"
+    assert main(["-q", "import", str(out), str(copy)]) == 0
+    assert set(MemoryStore(copy).load().readable_ids.values()) == {"sem_cake", "sem_tea"}
+    # --link-to a readable name works after export → import
+    assert main(["-q", "add", str(copy), "--situation", "Ate it", "--link-to", "sem_cake",
+                 "--verb", "about"]) == 0  # fmt: skip
+    # explicit --names for stdin-less files elsewhere, and a missing one is an error
+    moved = tmp_path / "names.json"
+    sidecar.rename(moved)
+    other = tmp_path / "other"
+    assert main(["-q", "add", str(other), "--notes", str(out), "--names", str(moved)]) == 0
+    assert "sem_tea" in MemoryStore(other).load().readable_ids.values()
+    assert main(["-q", "import", str(out), str(tmp_path / "x"), "--names", "nope.json"]) == 1
+    assert "--names nope.json: no such file" in capsys.readouterr().err
