@@ -406,13 +406,14 @@ class MemoryBank:
         texts: Sequence[str] | str,
         *,
         config: Any = None,
-        only_matching: bool = True,
+        only_matching: bool | Sequence[bool] = True,
     ) -> list[Any]:
         """Free-text questions, one per agent id, as ``SoulMem.ask`` of each agent.
 
         Each text runs as a concept query and an episode query (one batch for all agents);
         their memories and actions are mixed, max per note. ``only_matching`` (default) leaves
-        out results that matched nothing the question said, as ``SoulMem.ask`` does.
+        out results that matched nothing the question said, as ``SoulMem.ask`` does; one flag
+        for every question, or one per question.
         """
         from soulmem_torch.api import text_queries
         from soulmem_torch.retrieve import (
@@ -450,12 +451,19 @@ class MemoryBank:
                     seeds=mix_by_priority([a.seeds, b.seeds], [0, 0]),
                 )
             )
-        if only_matching:
+        flags = (
+            [only_matching] * len(texts) if isinstance(only_matching, bool) else list(only_matching)
+        )
+        if len(flags) != len(texts) or not all(isinstance(f, bool) for f in flags):
+            raise ValidationError(
+                f"only_matching: expected a bool or {len(texts)} bools (one per question)"
+            )
+        if any(flags):
             from soulmem_torch.retrieve.evidence import filter_result
 
             for i, (agent_id, text) in enumerate(zip(agent_ids, texts)):
                 mem = self._agents[agent_id].mem
-                if mem is not None:  # a tensor-built agent has no texts to match
+                if flags[i] and mem is not None:  # a tensor-built agent has no texts to match
                     out[i] = filter_result(mem.cluster, text, out[i])
         return out
 

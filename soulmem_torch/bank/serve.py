@@ -6,7 +6,8 @@ Routes (JSON in, JSON out; errors are ``{"error": "..."}`` with 400 / 404 / 422)
 ``GET /health``
     ``{"status": "ok", "agents": n, "notes": n, "queued": n, "answered": n, "batches": n}``
 ``POST /ask``
-    ``{"agent": "npc-17", "text": "who lent me an umbrella?"}`` → one result.
+    ``{"agent": "npc-17", "text": "who lent me an umbrella?", "all": false}`` → one result
+    (the memories that match the question; ``"all": true``: every fused result).
 ``POST /query``
     ``{"agent": "npc-17", "query": {MemoryRetrieveQuery JSON}, "priority": 0}`` → one result.
 ``POST /agents/{id}/notes``
@@ -162,10 +163,13 @@ def create_app(
 
     async def ask(request: Request) -> Any:
         data = await body(request)
-        check_fields(data, ("agent", "text"), "body")
+        check_fields(data, ("agent", "text", "all"), "body")
         agent = field(data, "agent", str, "an agent id (string)")
         text = field(data, "text", str, "a question (string)")
-        result = await retriever.ask(agent, text)
+        every = data.get("all", False)
+        if not isinstance(every, bool):
+            raise ValidationError(f"body.all: expected true or false, found {every!r}")
+        result = await retriever.ask(agent, text, only_matching=not every)
         return JSONResponse(result_json(bank, agent, result))
 
     async def query(request: Request) -> Any:

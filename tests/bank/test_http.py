@@ -68,6 +68,19 @@ def test_plain_notes_names_and_the_serde_shape(client) -> None:
     assert bank.agent("npc-17").id_of("sem_osmanthus") is not None
 
 
+def test_ask_answers_what_matches_and_all_everything(client) -> None:
+    _tea(client)
+    client.post("/agents/npc-17/notes", json={"notes": [{"text": "a red bicycle"}]})
+    answer = client.post("/ask", json={"agent": "npc-17", "text": "tea"}).json()
+    assert "a red bicycle" not in [m["name"] for m in answer["association"]]
+    every = client.post("/ask", json={"agent": "npc-17", "text": "tea", "all": True}).json()
+    assert len(every["association"]) >= len(answer["association"])
+    nothing = client.post("/ask", json={"agent": "npc-17", "text": "quantum chromodynamics"})
+    assert nothing.json()["association"] == []
+    bad = client.post("/ask", json={"agent": "npc-17", "text": "tea", "all": "yes"})
+    assert bad.status_code == 422 and "body.all" in bad.json()["error"]
+
+
 def test_read_and_delete_notes(client) -> None:
     _tea(client)
     assert client.get("/agents").json() == {"agents": [{"id": "npc-17", "notes": 2, "links": 1}]}

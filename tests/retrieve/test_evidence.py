@@ -7,6 +7,7 @@ import pytest
 
 from soulmem_torch import MemoryBank, SoulMem
 from soulmem_torch.data import sample_memory_path
+from soulmem_torch.errors import ValidationError
 from soulmem_torch.retrieve.evidence import STOP_TERMS, query_terms
 from soulmem_torch.retrieve.text import note_strings, text_terms
 
@@ -63,3 +64,12 @@ def test_the_bank_filters_as_soulmem_does() -> None:
     for text, got in zip(texts, bank.ask(["a"] * 3, texts)):
         (want,) = own.ask(text)
         assert [i for i, _ in got.association] == [i for i, _ in want.association]
+
+
+def test_bank_takes_one_flag_per_question() -> None:
+    bank = MemoryBank()
+    bank.add_agent("a", SoulMem.from_graph_file(sample_memory_path()).cluster.notes())
+    kept, every = bank.ask(["a", "a"], ["quantum chromodynamics"] * 2, only_matching=[True, False])
+    assert kept.association == [] and len(every.association) == 10
+    with pytest.raises(ValidationError, match="only_matching"):
+        bank.ask(["a"], ["tea"], only_matching=[True, False])
