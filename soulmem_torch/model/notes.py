@@ -170,9 +170,7 @@ _LEAF_TAGS = ExternallyTagged(
 )
 
 
-class AbstractSituation(
-    RootModel[Annotated[Location | Participant | Environment | Event, _LEAF_TAGS]]
-):
+class AbstractSituation(RootModel[Annotated[Location | Participant | Environment | Event, _LEAF_TAGS]]):
     """An abstract situation: exactly one leaf (Location | Participant | Environment | Event).
 
     JSON: ``{"Location": {...}}`` etc. ``AbstractSituation(Location(name=..., coordinates=...))``.
@@ -213,13 +211,13 @@ class _ActionTypeSchema:
                 return value
             if value in ("Speak", "Think"):
                 return ActionType(value)
-            if (
-                isinstance(value, dict)
-                and list(value) == ["Skill"]
-                and isinstance(value["Skill"], dict)
+            if isinstance(value, dict) and list(value) == ["Skill"] and isinstance(
+                value["Skill"], dict
             ):
                 return ActionType.SKILL
-            raise ValueError(f'expected "Speak", "Think" or {{"Skill": {{}}}}, found {value!r}')
+            raise ValueError(
+                f'expected "Speak", "Think" or {{"Skill": {{}}}}, found {value!r}'
+            )
 
         def serialize(value: ActionType) -> Any:
             return {"Skill": {}} if value is ActionType.SKILL else value.value
