@@ -256,6 +256,104 @@ class SoulMem:
             raise NotFoundError(f"id: {id} is not in this memory")
         return chat_source(entry.note)
 
+    def remember(
+        self,
+        text: str,
+        *,
+        kind: str = "semantic",
+        time: Any = None,
+        tags: Sequence[str] = (),
+        name: str | None = None,
+        link_to: Any = None,
+        verb: str | None = None,
+        trigger: float | None = None,
+        situation_link: str | None = None,
+        confidence: float = 1.0,
+        link_intensity: float = 1.0,
+        **options: Any,
+    ) -> MemoryId:
+        """Builds a note from plain text, embeds it and adds it; returns its id.
+
+        Args:
+            text: the concept, the episode's narrative, the action, or the abstract
+                situation's place / person / atmosphere / event.
+            kind: ``"semantic"`` (default), ``"situation"``, ``"action"``, or an abstract
+                situation: ``"location"``, ``"participant"``, ``"environment"``, ``"event"``.
+            time: when (aware ``datetime`` or RFC 3339 string; ``None`` → now): the note's
+                creation time and a situation's ``time_span``.
+            tags: the note's tags.
+            name: a readable id (``"sem_osmanthus"``), unique in this memory; results and
+                :meth:`describe` show it, and ``link_to`` / :meth:`id_of` accept it.
+            link_to: one outgoing link to an existing note (a readable id, a ``MemoryId`` or
+                its UUID text), of the kind given by exactly one of ``verb`` (a semantic link,
+                with ``confidence``), ``trigger`` (the probability that this note triggers the
+                target action) or ``situation_link`` (``"to-abstract"`` / ``"to-specific"``);
+                ``link_intensity`` is its intensity.
+            **options: the kind's own fields (see
+                :func:`~soulmem_torch.model.remember.note_from_text`): ``aliases``,
+                ``description``, ``abstract``; ``location``, ``participants``;
+                ``action_type``; ``role``; ``tone``; ``initiator``, ``target``, ``intensity``.
+
+        Raises:
+            ValidationError: a bad argument (named), a taken ``name``;
+            NotFoundError: an unknown ``link_to``. Nothing is added on any error.
+
+        Example:
+            >>> from soulmem_torch import SoulMem
+            >>> mem = SoulMem()
+            >>> cake = mem.remember("osmanthus cake", name="sem_osmanthus", tags=["food"])
+            >>> _ = mem.remember("Baked the cake with Grandma", kind="situation",
+            ...                  link_to="sem_osmanthus", verb="about")
+            >>> len(mem), mem.cluster.num_links
+            (2, 1)
+        """
+        from soulmem_torch.model.remember import add_link, link_type, note_from_text
+
+        if name is not None:
+            if not isinstance(name, str) or not name.strip():
+                raise ValidationError(f"name: expected a non-empty string, found {name!r}")
+            if name in self.readable_ids.values():
+                raise ValidationError(f"name: {name!r} already names another note")
+        link_args = (verb, trigger, situation_link)
+        if link_to is None and any(v is not None for v in link_args):
+            raise ValidationError("link_to: verb / trigger / situation_link need a link_to note")
+        note = note_from_text(text, kind=kind, time=time, tags=tags, **options)
+        if link_to is not None:
+            target = self.id_of(link_to)
+            kind_of_link = link_type(
+                verb=verb, trigger=trigger, situation_link=situation_link, confidence=confidence
+            )
+            add_link(note, target, kind_of_link, intensity=link_intensity)
+        self.add_notes([note], readable_ids={note.id: name} if name is not None else None)
+        return note.id
+
+    def id_of(self, ref: Any) -> MemoryId:
+        """The id of a note given by its readable id, its ``MemoryId`` or its UUID text.
+
+        Raises:
+            NotFoundError: no note of this memory is called or numbered so.
+        """
+        from soulmem_torch.errors import NotFoundError
+
+        if isinstance(ref, MemoryId):
+            if self.cluster.get(ref) is None:
+                raise NotFoundError(f"note {ref}: not in this memory")
+            return ref
+        if not isinstance(ref, str) or not ref:
+            raise ValidationError(
+                f"note: expected a readable id, a MemoryId or a UUID string, found {ref!r}"
+            )
+        for mid, rid in self.readable_ids.items():
+            if rid == ref and self.cluster.get(mid) is not None:
+                return mid
+        try:
+            mid = MemoryId(ref)
+        except (ValueError, TypeError):
+            mid = None
+        if mid is not None and self.cluster.get(mid) is not None:
+            return mid
+        raise NotFoundError(f"note {ref!r}: no note of this memory has that readable id or id")
+
     @classmethod
     def from_notes(cls, notes: Iterable[MemoryNote], **kwargs: Any) -> SoulMem:
         """A memory holding ``notes``, embedded now in batched calls.
@@ -438,6 +536,7 @@ class SoulMem:
         config: DefaultPipelineConfig | None = None,
         now: datetime | Sequence[datetime | None] | None = None,
         record: bool = True,
+        only_matching: bool = True,
     ) -> list[DefaultPipelineResult]:
         """Free-text questions: each runs as a concept query and an episode query (one batch);
         their memories and actions are mixed, max per note (see :func:`text_queries`). The
@@ -447,6 +546,11 @@ class SoulMem:
 
         With ``record`` (the default) every note an answer returns counts one retrieval (once
         per question, see :func:`record_results`); ``record=False`` leaves the records alone.
+
+        ``only_matching`` (default): results that matched nothing the question said are left
+        out — a memory is kept when it shares a word (or CJK bigram) with the question or is
+        linked to a note that does (:mod:`soulmem_torch.retrieve.evidence`); a question that
+        matches no note gets no memories. ``False`` returns every fused result.
 
         Like :meth:`query`, holds Python's cyclic garbage collector off for the call (its many
         short-lived objects are acyclic; see ``soulmem_torch.retrieve._gcpause``)."""
@@ -478,6 +582,10 @@ class SoulMem:
                 )
                 for i, (a, _) in enumerate(pairs)
             ]
+            if only_matching:
+                from soulmem_torch.retrieve.evidence import filter_result
+
+                out = [filter_result(self.cluster, t, r) for t, r in zip(texts, out)]
             # freed before the collector resumes, so its first young collection sees only `out`
             del queries, results, pairs, mixed
         if record:

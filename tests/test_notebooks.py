@@ -62,3 +62,18 @@ def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.Monkey
             "ppr_time_vs_error.png",
             "ppr_time_vs_size.png",
         ]
+
+
+@pytest.mark.parametrize(("name", "figures"), [("01_quickstart", 2), ("02_benchmarks", 3)])
+def test_notebook_is_committed_with_its_outputs(name: str, figures: int) -> None:
+    """Whoever browses the repository sees the results and plots without running anything
+    (regenerate with nbclient after changing a notebook; CI still executes it above)."""
+    import json
+
+    nb = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text(encoding="utf-8"))
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code and all(c.get("execution_count") for c in code), "a code cell was not run"
+    outputs = [o for c in code for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    pngs = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(pngs) == figures, f"{name}: {len(pngs)} figures in the committed outputs"

@@ -66,10 +66,12 @@ def test_block_runs_on_its_own(line: int, code: str, tmp_path: Path) -> None:
     )
     assert "Traceback" not in proc.stderr
     # what some blocks promise, checked on their output
-    if "SoulMem.from_graph_file" in code and 'mem.save("my_store")' in code:  # quick start
-        assert (tmp_path / "my_store").is_dir()
+    if "SoulMem.from_graph_file" in code and 'mem.save("sample_store")' in code:  # quick start
+        assert (tmp_path / "sample_store").is_dir()
         assert "sem_" in proc.stdout or "sit_" in proc.stdout
     if "parse_request_config(" in code:
         assert "top_k=5" in proc.stdout
+    if "mem.remember(" in code:  # "Your own memories"
+        assert (tmp_path / "my_memories").is_dir() and "act_offer" in proc.stdout
     if "retrieve_batch(" in code:
         assert "sem_grandma" in proc.stdout and "sem_mochi" in proc.stdout

@@ -263,6 +263,42 @@ class MemoryBank:
             self._dirty = True
             return added
 
+    @_locked
+    def remember(self, agent_id: str, text: str, **fields: Any) -> MemoryId:
+        """Builds a note from plain text for one agent, embeds it and adds it; returns its id.
+
+        The agent is created when it is not in the bank yet. ``fields`` are those of
+        :meth:`SoulMem.remember <soulmem_torch.api.SoulMem.remember>` (``kind``, ``time``,
+        ``tags``, ``name``, ``link_to`` with ``verb`` / ``trigger`` / ``situation_link``, and the
+        kind's own fields); nothing is added (and no agent created) on an error.
+
+        Example::
+
+            bank.remember("npc-17", "I like tea", tags=["taste"], name="sem_tea")
+            bank.remember("npc-17", "Shared a pot of tea with Mei", kind="situation",
+                          participants=["Mei:friend"], link_to="sem_tea", verb="about")
+        """
+        from soulmem_torch.api import SoulMem
+
+        agent_id = _check_agent_id(agent_id)
+        agent = self._agents.get(agent_id)
+        if agent is not None and agent.mem is None:
+            raise ValidationError(
+                f"agent_id: {agent_id!r} was added as a tensor snapshot and cannot take notes"
+            )
+        mem = (
+            agent.mem
+            if agent is not None
+            else SoulMem(
+                embedder=self.embedder, device=self.device, window_capacity=self.window_capacity
+            )
+        )
+        note_id = mem.remember(text, **fields)
+        if agent is None:
+            self._register(agent_id, _Agent(mem=mem))
+        self._dirty = True
+        return note_id
+
     def _get(self, agent_id: Any) -> _Agent:
         _check_agent_id(agent_id)
         agent = self._agents.get(agent_id)
@@ -420,6 +456,7 @@ class MemoryBank:
         config: Any = None,
         now: Any = None,
         record: bool = True,
+        only_matching: bool | Sequence[bool] = True,
     ) -> list[Any]:
         """Free-text questions, one per agent id, as ``SoulMem.ask`` of each agent (``now``:
         when they are asked, one aware datetime or one per question; with ``record``, the
@@ -428,6 +465,9 @@ class MemoryBank:
         Each text runs as a concept query and an episode query (one batch for all agents);
         their memories and actions are mixed, max per note. The default config is
         ``DefaultPipelineConfig.for_questions()``, as for ``SoulMem.ask``.
+        ``only_matching`` (default) leaves
+        out results that matched nothing the question said, as ``SoulMem.ask`` does; one flag
+        for every question, or one per question.
         """
         from soulmem_torch.api import text_queries
         from soulmem_torch.retrieve import (
@@ -471,6 +511,20 @@ class MemoryBank:
                     seeds=mix_by_priority([a.seeds, b.seeds], [0, 0]),
                 )
             )
+        flags = (
+            [only_matching] * len(texts) if isinstance(only_matching, bool) else list(only_matching)
+        )
+        if len(flags) != len(texts) or not all(isinstance(f, bool) for f in flags):
+            raise ValidationError(
+                f"only_matching: expected a bool or {len(texts)} bools (one per question)"
+            )
+        if any(flags):
+            from soulmem_torch.retrieve.evidence import filter_result
+
+            for i, (agent_id, text) in enumerate(zip(agent_ids, texts)):
+                mem = self._agents[agent_id].mem
+                if flags[i] and mem is not None:  # a tensor-built agent has no texts to match
+                    out[i] = filter_result(mem.cluster, text, out[i])
         if record:
             self._record(self._positions(agent_ids), out)
         return out

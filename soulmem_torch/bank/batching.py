@@ -168,13 +168,19 @@ class BatchingRetriever:
         await self._queue.put(item)  # waits while the queue is full (backpressure)
         return await item.future
 
-    async def ask(self, agent: str, text: str) -> Any:
-        """One free-text question to one agent (``MemoryBank.ask``), batched with others."""
+    async def ask(self, agent: str, text: str, *, only_matching: bool = True) -> Any:
+        """One free-text question to one agent (``MemoryBank.ask``), batched with others
+        (``only_matching=False``: every fused result, see ``MemoryBank.ask``)."""
         self._check_agent(agent)
         if not isinstance(text, str) or not text.strip():
             raise ValidationError(f"text: expected a non-empty string, found {text!r}")
+        if not isinstance(only_matching, bool):
+            raise ValidationError(f"only_matching: expected a bool, found {only_matching!r}")
         loop = asyncio.get_running_loop()
-        return await self._submit(_Item("ask", agent, text, loop.create_future()))
+        item = _Item("ask", agent, text, loop.create_future())
+        if not only_matching:
+            item.extra["only_matching"] = False
+        return await self._submit(item)
 
     async def query(self, agent: str, query: Any, *, priority: int = 0) -> Any:
         """One structured (or plain) query to one agent (``MemoryBank.query``), batched."""
@@ -259,9 +265,12 @@ class BatchingRetriever:
         asks = [i for i, it in enumerate(items) if it.kind == "ask"]
         queries = [i for i, it in enumerate(items) if it.kind == "query"]
         if asks:
+            flags = [items[i].extra.get("only_matching", True) for i in asks]
+            # passed only when asked for, so any bank with MemoryBank.ask's first arguments fits
+            extra = {} if all(flags) else {"only_matching": flags}
             res = self.bank.ask(
                 [items[i].agent for i in asks], [items[i].payload for i in asks],
-                config=self.config,
+                config=self.config, **extra,
             )  # fmt: skip
             for i, r in zip(asks, res):
                 out[i] = r

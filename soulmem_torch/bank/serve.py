@@ -6,13 +6,23 @@ Routes (JSON in, JSON out; errors are ``{"error": "..."}`` with 400 / 404 / 422)
 ``GET /health``
     ``{"status": "ok", "agents": n, "notes": n, "queued": n, "answered": n, "batches": n}``
 ``POST /ask``
-    ``{"agent": "npc-17", "text": "who lent me an umbrella?"}`` → one result.
+    ``{"agent": "npc-17", "text": "who lent me an umbrella?", "all": false}`` → one result
+    (the memories that match the question; ``"all": true``: every fused result).
 ``POST /query``
     ``{"agent": "npc-17", "query": {MemoryRetrieveQuery JSON}, "priority": 0}`` → one result.
 ``POST /agents/{id}/notes``
-    ``{"notes": [MemoryNote serde JSON, ...]}`` → ``{"agent": id, "added": n, "notes": n}``;
-    creates the agent if absent; the agent is persisted to the bank directory before the reply
-    (each agent a ``MemoryStore``, written atomically; then the manifest, atomically).
+    ``{"notes": [note, ...], "names": {"<note id>": "name"}}`` → ``{"agent": id, "added": n,
+    "notes": n, "ids": [...]}``; a note is a plain ``{"text": "I like tea", "kind": "semantic",
+    "tags": [...], "name": "sem_tea", "link_to": "...", "verb": "..."}`` (the fields of
+    ``SoulMem.remember``) or a ``MemoryNote`` in the serde shape; ``names`` (optional) names
+    serde notes. Creates the agent if absent (an empty list never does: 422); the agent is
+    persisted to the bank directory before the reply (each agent a ``MemoryStore``, written
+    atomically; then the manifest, atomically).
+
+The agent routes (``GET /agents``, ``GET /agents/{id}``, reading and deleting notes,
+``POST /agents/{id}/turns``, ``POST /agents/{id}/forget``) are in
+:mod:`soulmem_torch.bank._http`. A field a route does not know is refused (422); an unknown
+route or method answers a JSON error too (404 / 405).
 
 A result is ``{"association": [{"id", "name", "score"}], "action": [...], "seeds": [...],
 "short_history": [...], "short_mem": "...", "priority": n}``. Concurrent requests are answered
@@ -30,9 +40,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from soulmem_torch.errors import NotFoundError, SoulMemError, ValidationError
+from soulmem_torch.errors import NotFoundError, SoulMemError, StoreError, ValidationError
 
-__all__ = ["create_app", "result_json", "run_server"]
+__all__ = ["check_bank_dir", "create_app", "result_json", "run_server"]
 
 
 def _missing_extra(exc: ImportError) -> SoulMemError:
@@ -100,10 +110,12 @@ def create_app(
         from starlette.routing import Route
     except ImportError as exc:  # pragma: no cover - the extra is installed in CI
         raise _missing_extra(exc) from None
+    from soulmem_torch.bank._http import agent_routes, build_notes, check_fields, parse_note_items
     from soulmem_torch.bank.bank import MANIFEST, MemoryBank
     from soulmem_torch.bank.batching import BatchingRetriever
 
     root = Path(bank_dir)
+    check_bank_dir(root)
     if bank is None:
         bank = (
             MemoryBank.load(root, device=device)
@@ -193,9 +205,13 @@ def create_app(
 
     async def ask(request: Request) -> Any:
         data = await body(request)
+        check_fields(data, ("agent", "text", "all"), "body")
         agent = field(data, "agent", str, "an agent id (string)")
         text = field(data, "text", str, "a question (string)")
-        result = await retriever.ask(agent, text)
+        every = data.get("all", False)
+        if not isinstance(every, bool):
+            raise ValidationError(f"body.all: expected true or false, found {every!r}")
+        result = await retriever.ask(agent, text, only_matching=not every)
         touched()
         return JSONResponse(result_json(bank, agent, result))
 
@@ -203,6 +219,7 @@ def create_app(
         from soulmem_torch.model.query import MemoryRetrieveQuery
 
         data = await body(request)
+        check_fields(data, ("agent", "query", "priority"), "body")
         agent = field(data, "agent", str, "an agent id (string)")
         raw = field(data, "query", dict, "a MemoryRetrieveQuery JSON object")
         priority = data.get("priority", 0)
@@ -217,24 +234,43 @@ def create_app(
         return JSONResponse(result_json(bank, agent, result))
 
     async def add_notes(request: Request) -> Any:
-        from soulmem_torch.model.serde_io import parse_notes_text
-
         agent = request.path_params["agent"]
         data = await body(request)
-        raw = field(data, "notes", list, "a list of MemoryNote JSON objects")
-        notes = parse_notes_text(json.dumps(raw), source="body.notes")
+        check_fields(data, ("notes", "names"), "body")
+        raw = field(data, "notes", list, "a list of notes ({text, ...} or serde MemoryNote)")
+        names_raw = data.get("names", {})
+        if not isinstance(names_raw, dict) or not all(
+            isinstance(v, str) and v for v in names_raw.values()
+        ):
+            raise ValidationError('body.names: expected an object {"<note id>": "name"}')
+        items = parse_note_items(raw)
 
-        def write(b: Any) -> tuple[int, int]:
+        def write(b: Any) -> tuple[int, int, list[str]]:
+            if not items and agent not in b:
+                raise ValidationError(
+                    f"body.notes: empty; agent {agent!r} does not exist and an empty write "
+                    "creates no agent"
+                )
+            mem = b.agent(agent) if agent in b else None
+            notes, names = build_notes(items, mem)
+            by_id = {str(n.id): n.id for n in notes}
+            taken = {n: mid for mid, n in (mem.readable_ids if mem is not None else {}).items()}
+            for key, name in names_raw.items():
+                if key not in by_id:
+                    raise ValidationError(f"body.names: {key!r} is not the id of a note sent")
+                if taken.get(name, by_id[key]) != by_id[key] or name in names.values():
+                    raise ValidationError(f"body.names: {name!r} already names another note")
+                names[by_id[key]] = name
             if agent in b:
-                added = b.add_notes(agent, notes)
+                added = b.add_notes(agent, notes, readable_ids=names)
             else:
-                b.add_agent(agent, notes)
+                b.add_agent(agent, notes, readable_ids=names)
                 added = len(notes)
             b.save_agent(root, agent)  # persisted (atomically) before the reply
-            return added, len(b.agent(agent))
+            return added, len(b.agent(agent)), [str(n.id) for n in notes]
 
-        added, total = await retriever.call(write)
-        return JSONResponse({"agent": agent, "added": added, "notes": total})
+        added, total, ids = await retriever.call(write)
+        return JSONResponse({"agent": agent, "added": added, "notes": total, "ids": ids})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -259,14 +295,28 @@ def create_app(
 
         return Route(path, endpoint, methods=methods)
 
+    async def http_error(request: Request, exc: Any) -> Any:  # unknown route / method
+        status = getattr(exc, "status_code", 500)
+        detail = getattr(exc, "detail", None) or "error"
+        if status == 404:
+            detail = f"no route {request.method} {request.url.path} (see GET /health, /agents)"
+        elif status == 405:
+            detail = f"method {request.method} is not allowed on {request.url.path}"
+        return error(status, detail)
+
+    extra = agent_routes(
+        bank=bank, retriever=retriever, root=root, body=body, json_response=JSONResponse
+    )
     app = Starlette(
         routes=[
             route("/health", health, ["GET"]),
             route("/ask", ask, ["POST"]),
             route("/query", query, ["POST"]),
             route("/agents/{agent}/notes", add_notes, ["POST"]),
+            *(route(path, handler, methods) for path, handler, methods in extra),
         ],
         lifespan=lifespan,
+        exception_handlers={404: http_error, 405: http_error},
     )
     app.state.bank = bank
     app.state.retriever = retriever
@@ -277,18 +327,60 @@ class _BadRequest(Exception):
     """Malformed request body (400)."""
 
 
+def check_bank_dir(root: Path) -> None:
+    """Refuses a path that is neither a bank directory nor empty / missing (a store, a file)."""
+    from soulmem_torch.bank.bank import MANIFEST
+
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise StoreError(f"bank_dir: {str(root)!r} is a file, expected a bank directory")
+    if (root / MANIFEST).exists():
+        return
+    entries = sorted(p.name for p in root.iterdir())
+    if entries:
+        what = (
+            "a memory store (serve a bank: MemoryBank.save(dir), or POST its notes to a new "
+            "bank directory)"
+            if (root / "CURRENT").exists() or (root / "LOCK").exists()
+            else f"{len(entries)} other entries ({', '.join(entries[:3])})"
+        )
+        raise StoreError(
+            f"bank_dir: {str(root)!r} holds no bank ({MANIFEST} is missing) but {what}; give a "
+            "bank directory, an empty directory or a new path"
+        )
+
+
 def run_server(
     bank_dir: str | os.PathLike[str],
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
     log_level: str = "warning",
+    announce: Any = None,
     **options: Any,
 ) -> None:
-    """Serves ``bank_dir`` with uvicorn until interrupted (see :func:`create_app`)."""
+    """Serves ``bank_dir`` with uvicorn until interrupted (see :func:`create_app`).
+
+    The socket is bound first; ``announce(host, port)`` is then called with the port actually
+    bound (``port=0`` lets the system choose one)."""
     try:
         import uvicorn
     except ImportError as exc:  # pragma: no cover - the extra is installed in CI
         raise _missing_extra(exc) from None
+    import socket
+
     app = create_app(bank_dir, **options)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SoulMemError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    bound = sock.getsockname()[1]  # the real port (for --port 0: the one the system chose)
+    if announce is not None:
+        announce(host, bound)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
+    server.run(sockets=[sock])

@@ -3,14 +3,17 @@
 Commands (``soulmem COMMAND --help`` for every flag)::
 
     soulmem demo   [--days N] [--top N] [--window N] [--show N] [--device D]
-    soulmem query  STORE [TEXT ...] [--file Q] [--config C] [--top N] [--json] [--device D]
+    soulmem query  STORE [TEXT ...] [--file Q] [--config C] [--top N] [--all] [--json]
+                   [--device D]
     soulmem add    STORE (--semantic T | --situation N | --action T | --notes FILE|-) [...]
+                   [--names NAMES]
     soulmem import FILE [STORE | --store STORE] [--format auto|serde|graph] [--replace]
-    soulmem export STORE FILE [--format serde|graph]
+                   [--names NAMES]
+    soulmem export STORE FILE [--format serde|graph] [--names NAMES]
     soulmem eval   SUITE.json [--graph PATH] [--config C] [--cases] [--json] [--ablation]
                    [--device D]
     soulmem forget STORE (--now TIME | --days N) (--llm MOD:FUNC | --fake | --mask-only)
-                   [--concurrency N] [--timeout S] [--dry-run] [--show N] [--json]
+                   [--concurrency N] [--timeout S] [--dry-run | --write] [--show N] [--json]
     soulmem consolidate STORE (--llm MOD:FUNC | --fake) [--summary TEXT|@FILE] [--top-k N]
                    [--link-with-llm] [--timeout S] [--json]
     soulmem versions STORE [--json]

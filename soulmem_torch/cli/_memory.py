@@ -83,9 +83,16 @@ def _detect_format(text: str, source: str) -> str:
 
 
 def _read_notes_file(
-    path: str | Path, fmt: str = "auto", *, on_duplicate: str = "reject"
+    path: str | Path,
+    fmt: str = "auto",
+    *,
+    on_duplicate: str = "reject",
+    names: str | Path | None = None,
 ) -> tuple[list[Any], dict[Any, str], str]:
     """``(notes, readable_ids, format)`` from a serde JSON / JSON Lines or an evaluation graph.
+
+    A serde file's readable ids come from ``names`` (a names file), else from
+    ``FILE.names.json`` beside it when there is one (``soulmem export`` writes it).
 
     ``on_duplicate`` (serde files): a note id given twice is an error naming both lines
     (``reject``) or keeps the ``first`` / ``last`` copy; a graph's readable ids must be unique.
@@ -105,7 +112,50 @@ def _read_notes_file(
         graph = parse_soul_tune_graph(data, source=source)
         return graph.notes, graph.readable_ids, fmt
     notes = parse_notes_text(text, source=source, on_duplicate=on_duplicate)
-    return notes, {}, fmt
+    if names is not None:
+        return notes, read_names(names, notes, required=True), fmt
+    return notes, read_names(names_path(path), notes), fmt
+
+
+NAMES_SUFFIX = ".names.json"
+
+
+def names_path(notes_file: str | Path) -> Path:
+    """The readable-ids file beside a serde notes file: ``FILE.names.json``."""
+    return Path(str(notes_file) + NAMES_SUFFIX)
+
+
+def read_names(path: str | Path, notes: Sequence[Any], *, required: bool = False) -> dict[Any, str]:
+    """Readable ids ``{note id: name}`` from a names file (``{"<uuid>": "name", ...}``), for the
+    given notes only; ``{}`` when the file is absent (unless ``required``)."""
+    p = Path(path)
+    if not p.exists():
+        if required:
+            raise CLIError(f"--names {path}: no such file")
+        return {}
+    text = _read_text(p, "names file")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CLIError(f"names file {path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in data.items()
+    ):
+        raise CLIError(f'names file {path}: expected a JSON object {{"<note id>": "name", ...}}')
+    ids = {str(n.id): n.id for n in notes}
+    out = {ids[k]: v for k, v in data.items() if k in ids}
+    taken: dict[str, Any] = {}
+    for mid, name in out.items():
+        if name in taken:
+            raise CLIError(f"names file {path}: {name!r} names two notes ({taken[name]}, {mid})")
+        taken[name] = mid
+    return out
+
+
+def names_json(readable: dict[Any, str], notes: Sequence[Any]) -> bytes:
+    """The names file of ``notes`` (their readable ids, in note order)."""
+    data = {str(n.id): readable[n.id] for n in notes if n.id in readable}
+    return (json.dumps(data, ensure_ascii=False, indent=1) + "\n").encode("utf-8")
 
 
 def _embed_with_progress(notes: Sequence[Any], embedder: Any, *, progress: bool) -> list[Any]:

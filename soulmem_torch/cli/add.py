@@ -219,7 +219,10 @@ def _link_type(args: argparse.Namespace) -> Any:
     return AbstractToSpecific() if args.situation_link == "to-specific" else SpecificToAbstract()
 
 
-def _notes_from_input(source: str) -> list[Any]:
+def _notes_from_input(source: str, names: str | None = None) -> tuple[list[Any], dict[Any, str]]:
+    """The notes of ``--notes`` and their readable ids (``--names``, else ``FILE.names.json``
+    beside a notes file)."""
+    from soulmem_torch.cli._memory import names_path, read_names
     from soulmem_torch.model.serde_io import parse_notes_text
 
     if source == "-":
@@ -231,7 +234,10 @@ def _notes_from_input(source: str) -> list[Any]:
         text, name = _read_text(source, "--notes"), f"--notes {source}"
     if not text.strip():
         raise CLIError(f"{name}: no notes in it (expected serde JSON Lines or a JSON array)")
-    return parse_notes_text(text, source=name)
+    notes = parse_notes_text(text, source=name)
+    if names is not None:
+        return notes, read_names(names, notes, required=True)
+    return notes, ({} if source == "-" else read_names(names_path(source), notes))
 
 
 # -------------------------------------------------------------------------------------------
@@ -246,19 +252,33 @@ def cmd_add(args: argparse.Namespace) -> int:
         raise CLIError(f"store {store}: exists and is not a directory")
     from soulmem_torch.store import MemoryStore
 
-    notes: list[Any] = _notes_from_input(args.notes) if kind == "notes" else []
+    notes: list[Any] = []
+    names: dict[Any, str] = {}
+    if kind == "notes":
+        notes, names = _notes_from_input(args.notes, args.names)
+    elif args.names is not None:
+        raise CLIError("--names only applies to --notes", EXIT_USAGE)
     # read → add → write under the store's writer lock: concurrent adds / imports all land
     with MemoryStore(store).lock():
-        return _add_locked(args, kind, store, notes)
+        return _add_locked(args, kind, store, notes, names)
 
 
-def _add_locked(args: argparse.Namespace, kind: str, store: str, notes: list[Any]) -> int:
+def _add_locked(
+    args: argparse.Namespace, kind: str, store: str, notes: list[Any], names: dict[Any, str]
+) -> int:
     from soulmem_torch.model import MemoryLink, MemoryNote
     from soulmem_torch.model.timestamp import Timestamp
     from soulmem_torch.store import MemoryStore
 
     mem = _open_memory(store, args) if MemoryStore(store).exists() else _new_memory(args)
-    names: dict[Any, str] = {}
+    if names:
+        taken = {rid: mid for mid, rid in mem.readable_ids.items()}
+        clash = sorted(rid for mid, rid in names.items() if taken.get(rid, mid) != mid)
+        if clash:
+            raise CLIError(
+                f"--notes: readable id(s) {', '.join(clash[:5])} already name other notes in "
+                f"{store}"
+            )
     if kind != "notes":
         if args.name is not None and args.name in mem.readable_ids.values():
             raise CLIError(f"--name {args.name}: already names another note in {store}")
@@ -278,7 +298,8 @@ def _add_locked(args: argparse.Namespace, kind: str, store: str, notes: list[Any
     fresh = [n for n in notes if n.id not in known]
     embeddings = _embed_with_progress(fresh, mem.embedder, progress=_show_progress(args))
     mem.working_memory.add_nodes(fresh, embeddings)
-    mem.readable_ids.update(names)
+    known_names = {mid: rid for mid, rid in names.items() if mid not in known}
+    mem.readable_ids.update(known_names)
     version = None
     if fresh:
         mem.save(store)
@@ -415,6 +436,12 @@ def add_parser(sub: Any) -> None:
     )
     link.add_argument(
         "--intensity", type=_non_negative_float, metavar="X", help="link intensity >= 0 (default 1)"
+    )
+    p.add_argument(
+        "--names",
+        metavar="NAMES",
+        help='with --notes: the notes\' readable ids, {"<note id>": "name"} (default: '
+        "FILE.names.json beside FILE when present, as `soulmem export` writes it)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.set_defaults(func=cmd_add)

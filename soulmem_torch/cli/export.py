@@ -9,8 +9,8 @@ from typing import Any
 
 from soulmem_torch.cli._args import common_parent
 from soulmem_torch.cli._errors import EXIT_OK, CLIError
-from soulmem_torch.cli._memory import _read_notes_file
-from soulmem_torch.cli._output import _write_output
+from soulmem_torch.cli._memory import _read_notes_file, names_json, names_path
+from soulmem_torch.cli._output import _atomic_write, _info, _write_output
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -33,6 +33,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         text = dump_notes_json(notes)
     _write_output(args, text.encode("utf-8"), f"exported {len(notes)} notes ({args.format} format)")
+    if args.format == "serde" and readable:
+        # serde notes have no field for readable ids: they go to a names file, read back by
+        # `soulmem import FILE` / `soulmem add --notes FILE` (or --names)
+        target = args.names or (None if args.file == "-" else str(names_path(args.file)))
+        if target is not None:
+            _atomic_write(target, names_json(readable, notes))
+            _info(args, f"readable ids of {len(readable)} notes to {target}")
+        else:
+            _info(
+                args,
+                f"note: the {len(readable)} readable ids are not in serde JSON; "
+                "--names FILE writes them",
+            )
+    elif args.names:
+        _atomic_write(args.names, names_json(readable, notes))
     return EXIT_OK
 
 
@@ -54,5 +69,11 @@ def add_parser(sub: Any) -> None:
         choices=["serde", "graph"],
         default="serde",
         help="output format (default serde)",
+    )
+    p.add_argument(
+        "--names",
+        metavar="NAMES",
+        help="serde: write the readable ids to NAMES (default FILE.names.json beside FILE, when "
+        "the store has readable ids; serde notes have no field for them)",
     )
     p.set_defaults(func=cmd_export)

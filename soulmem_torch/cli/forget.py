@@ -17,7 +17,7 @@ from soulmem_torch.cli._args import (
     _rfc3339_arg,
     common_parent,
 )
-from soulmem_torch.cli._errors import EXIT_INTERRUPTED, EXIT_OK, CLIError, _one_line
+from soulmem_torch.cli._errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CLIError, _one_line
 from soulmem_torch.cli._forgetting import (
     _changed_notes,
     _days_after,
@@ -40,6 +40,15 @@ def cmd_forget(args: argparse.Namespace) -> int:
             f"store {args.store}: "
             + ("no such directory" if not store.exists() else "not a store directory")
         )
+    if args.write and args.dry_run:
+        raise CLIError("--write and --dry-run: give one of them", EXIT_USAGE)
+    if args.write and not args.fake:
+        raise CLIError(
+            "--write only applies to --fake (the other modes save unless --dry-run)", EXIT_USAGE
+        )
+    # the fake LLM's placeholder text is for trying forgetting out: it reaches the store only
+    # when asked twice (--fake --write)
+    dry_run = args.dry_run or (args.fake and not args.write)
     if args.llm is not None:
         llm: Any = _load_llm(args.llm)
         llm_name = args.llm
@@ -82,7 +91,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
         )
     changed = len(_changed_notes(mem, report))
     saved = False
-    if not args.dry_run and changed:
+    if not dry_run and changed:
         mem.save(store)
         saved = True
     if args.json:
@@ -104,8 +113,9 @@ def cmd_forget(args: argparse.Namespace) -> int:
         )
     if len(other) > 5:
         print(f"warning: … and {len(other) - 5} more failures", file=sys.stderr)
-    if args.dry_run:
-        _emit("dry run: the store was not changed")
+    if dry_run:
+        why = " (--fake implies it; --fake --write saves)" if not args.dry_run else ""
+        _emit(f"dry run{why}: the store was not changed")
     elif saved:
         from soulmem_torch.store import MemoryStore
 
@@ -124,7 +134,8 @@ def add_parser(sub: Any) -> None:
         help="run forgetting over a store (mask, reconstruct with an LLM, re-embed, save)",
         description="Decays every note by the Ebbinghaus curve at the given time, masks "
         "forgotten words, asks the LLM to reconstruct heavily masked text, re-embeds the "
-        "changed notes and saves the store back atomically (unless --dry-run). If every LLM "
+        "changed notes and saves the store back atomically (unless --dry-run; --fake is a "
+        "dry run unless --write). If every LLM "
         "call fails the store is left unchanged and the exit status is 1.",
         epilog="--llm takes an async (or plain) callable (system: str, user: str) -> str, "
         "imported as MODULE:FUNCTION (from PYTHONPATH or the current directory) or "
@@ -173,6 +184,12 @@ def add_parser(sub: Any) -> None:
         "abandoned in its worker thread)",
     )
     p.add_argument("--dry-run", action="store_true", help="report only; do not save")
+    p.add_argument(
+        "--write",
+        action="store_true",
+        help="with --fake: save the fake LLM's placeholder reconstructions into the store "
+        "(--fake alone is a dry run)",
+    )
     p.add_argument(
         "--show",
         type=_positive_int,

@@ -34,7 +34,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     store = _store_arg(args)
     if Path(store).exists() and not Path(store).is_dir():
         raise CLIError(f"store {store}: exists and is not a directory")
-    notes, readable, fmt = _read_notes_file(args.file, args.format, on_duplicate=args.on_duplicate)
+    notes, readable, fmt = _read_notes_file(
+        args.file, args.format, on_duplicate=args.on_duplicate, names=args.names
+    )
     if not notes:
         raise CLIError(f"{args.file}: no notes in it")
     from soulmem_torch.store import MemoryStore
@@ -122,5 +124,11 @@ def add_parser(sub: Any) -> None:
         default="reject",
         help="a note id given twice in FILE: reject the file naming both lines (default), or "
         "keep the first / last copy",
+    )
+    p.add_argument(
+        "--names",
+        metavar="NAMES",
+        help='readable ids of serde notes, {"<note id>": "name"} (default: FILE.names.json '
+        "beside FILE when present, as `soulmem export` writes it)",
     )
     p.set_defaults(func=cmd_import)

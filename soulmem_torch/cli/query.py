@@ -119,7 +119,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     answers: list[Any] = [None] * len(items)
     t0 = time.perf_counter()
     if texts:
-        for (i, _), res in zip(texts, mem.ask([t for _, t in texts], config=config)):
+        asked = mem.ask([t for _, t in texts], config=config, only_matching=not args.all)
+        for (i, _), res in zip(texts, asked):
             answers[i] = res
     if structured:
         results = mem.query(
@@ -153,7 +154,14 @@ def cmd_query(args: argparse.Namespace) -> int:
         _emit(f"[{n}] {title}{extra}")
         memories, actions = _positive(res.association), _positive(res.action)
         if not memories:
-            _emit("  no memory found")
+            _emit(
+                "  no memory found"
+                + (
+                    ""
+                    if args.all or kind != "text"
+                    else " that matches the question (--all: every fused result)"
+                )
+            )
         else:
             rows = _scored_rows(mem, memories[: args.top], 60)
             _emit(_table(["#", "memory", "kind", "score", "label"], rows, right=(0, 3)))
@@ -201,6 +209,13 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         default=10,
         help="memories shown per query (default 10)",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="texts: also list results that matched nothing the question said (by default a "
+        "memory is listed when it shares a word with the question or is linked to one that "
+        "does)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.set_defaults(func=cmd_query)

@@ -61,8 +61,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    if not getattr(args, "quiet", False):
-        print(f"soulmem serve: {args.bank_dir} on http://{args.host}:{args.port}", flush=True)
+
+    def announce(host: str, port: int) -> None:
+        if not getattr(args, "quiet", False):
+            print(f"soulmem serve: {args.bank_dir} on http://{host}:{port}", flush=True)
+
     run_server(
         args.bank_dir,
         host=args.host,
@@ -76,6 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         idle_after=args.idle_after,
         idle_interval=args.idle_interval,
         idle_llm=idle_llm,
+        announce=announce,
     )
     return EXIT_OK
 
@@ -87,12 +91,22 @@ def add_parser(sub: Any) -> None:
         parents=[common_parent(), device_parent(), config_parent()],
         help="serve a memory bank (many agents) over HTTP",
         description="An HTTP JSON API over a MemoryBank directory: POST /ask, POST /query, "
-        "POST /agents/{id}/notes (persisted atomically), GET /health. Concurrent requests are "
-        "answered in micro-batches (one bank call each). Needs the 'serve' extra.",
+        "GET /agents, GET /agents/{id}, POST /agents/{id}/notes (plain {text} notes or serde "
+        "notes, persisted atomically), GET / DELETE /agents/{id}/notes/{note}, POST "
+        "/agents/{id}/turns, POST /agents/{id}/forget, GET /health; errors are JSON. "
+        "Concurrent requests are answered in micro-batches (one bank call each). Needs the "
+        "'serve' extra.",
     )
-    p.add_argument("bank_dir", metavar="BANK_DIR", help="bank directory (created on first write)")
+    p.add_argument(
+        "bank_dir",
+        metavar="BANK_DIR",
+        help="bank directory (MemoryBank.save); a new or empty one is created on the first "
+        "write; anything else (a store, a file) is refused",
+    )
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8000, help="TCP port (8000)")
+    p.add_argument(
+        "--port", type=_port, default=8000, help="TCP port (8000; 0: any free port, printed)"
+    )
     p.add_argument("--max-batch", type=_positive(int), default=256, help="requests per batch")
     p.add_argument(
         "--max-wait-ms", type=_positive(float), default=2.0, help="batch gathering window (ms)"

@@ -344,7 +344,17 @@ def test_forget_fake_dry_run_then_save(store_copy: Path) -> None:
     assert MemoryStore(store_copy).current_version() == version
     assert live_notes_bytes(store_copy) == before
 
-    report = json.loads(ok(soulmem("forget", store_copy, "--days", "1", "--fake", "--json")))
+    # --fake alone is a dry run too: the placeholder text reaches the store only with --write
+    out = ok(soulmem("forget", store_copy, "--days", "1", "--fake"))
+    assert "dry run (--fake implies it; --fake --write saves)" in out
+    assert MemoryStore(store_copy).current_version() == version
+    assert live_notes_bytes(store_copy) == before
+    fails(soulmem("forget", store_copy, "--days", "1", "--fake", "--write", "--dry-run"), 2)
+    fails(soulmem("forget", store_copy, "--days", "1", "--mask-only", "--write"), 2, "--write")
+
+    report = json.loads(
+        ok(soulmem("forget", store_copy, "--days", "1", "--fake", "--write", "--json"))
+    )
     assert report["saved"] is True
     assert report["counts"] == {"NoAction": 36, "MaskOnly": 0, "Revised": 41}
     assert report["reembedded"] == 41 and len(report["changed"]) == 41

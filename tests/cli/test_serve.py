@@ -109,7 +109,12 @@ def test_add_notes_is_persisted(served) -> None:
     with httpx.Client(base_url=url, timeout=60) as client:
         r = client.post("/agents/npc-new/notes", json={"notes": notes})
         assert r.status_code == 200, r.text
-        assert r.json() == {"agent": "npc-new", "added": 10, "notes": 10}
+        assert r.json() == {
+            "agent": "npc-new",
+            "added": 10,
+            "notes": 10,
+            "ids": [n["id"] for n in notes],
+        }
         r = client.post("/agents/npc-new/notes", json={"notes": notes[:3]})
         assert r.json()["added"] == 0  # the same notes again: nothing new
         r = client.post("/ask", json={"agent": "npc-new", "text": TEXTS[3]})
