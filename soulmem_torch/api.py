@@ -221,28 +221,57 @@ class SoulMem:
         mem._origin = (Path(path).resolve(), contents.version)
         return mem
 
-    def save(self, path: str | Path) -> dict[str, Any]:
+    def save(
+        self,
+        path: str | Path,
+        *,
+        overwrite: bool = False,
+        keep_versions: int | None = None,
+    ) -> dict[str, Any]:
         """Writes notes, embeddings, readable ids and the embedder's identity to a store
-        directory (atomically, under the store's writer lock).
+        directory, as one transaction that writes only the notes that changed since the
+        store's live version (under the store's writer lock).
+
+        Args:
+            path: the store directory (created when missing).
+            overwrite: replace a store that holds *another* memory (one this memory was not
+                loaded from or saved to). Without it that is refused with
+                ``StoreExistsError`` and nothing is written; with it the store's previous
+                contents stay restorable (``soulmem versions`` / ``soulmem restore``).
+            keep_versions: versions the store's change log keeps (``None`` →
+                ``$SOULMEM_KEEP_VERSIONS`` or 50).
 
         Saving back to the store this memory was loaded from fails with ``StoreChangedError``
         (nothing written) if another writer saved a version in between.
         """
         from soulmem_torch.embedding.identity import embedder_identity
-        from soulmem_torch.store import MemoryStore
+        from soulmem_torch.store import MemoryStore, StoreExistsError
 
-        entries = list(self.cluster)
-        store = MemoryStore(path)
+        if not isinstance(overwrite, bool):
+            raise ValidationError(f"overwrite: expected True or False, found {overwrite!r}")
+        store = MemoryStore(path, keep_versions=keep_versions)
         target = Path(path).resolve()
-        base: Any = self._origin[1] if self._origin and self._origin[0] == target else ...
-        manifest = store.save(
-            [e.note for e in entries],
-            [e.embedding for e in entries],
-            readable_ids=self.readable_ids or None,
-            embedder_name=type(self.embedder).__name__,
-            embedder_identity=embedder_identity(self.embedder),
-            base_version=base,
-        )
+        ours = self._origin is not None and self._origin[0] == target
+        base: Any = self._origin[1] if ours else ...
+        entries = list(self.cluster)
+        with store.lock():
+            if not ours and not overwrite and store.exists():
+                held = store.count()
+                if held:
+                    raise StoreExistsError(
+                        f"{path}: already holds another memory ({held} notes, version "
+                        f"{store.current_version()}); nothing was written — pass "
+                        "overwrite=True to replace it (its notes stay restorable with "
+                        f"`soulmem restore {path} VERSION`), or SoulMem.load it and add to it"
+                    )
+            manifest = store.save(
+                [e.note for e in entries],
+                [e.embedding for e in entries],
+                readable_ids=self.readable_ids or None,
+                embedder_name=type(self.embedder).__name__,
+                embedder_identity=embedder_identity(self.embedder),
+                base_version=base,
+            )
         self._origin = (target, store.last_version)
         return manifest
 
