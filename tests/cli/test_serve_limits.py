@@ -1,0 +1,154 @@
+"""The server's write path and limits: a refused write is never served nor persisted, disk
+errors are 503 (not 400), one server per bank, 413 for huge bodies / texts / batches, 503 at
+the agent cap, idle connections closed, a missing manifest refused."""
+
+from __future__ import annotations
+
+import errno
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette")
+uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("httpx")
+from starlette.testclient import TestClient  # noqa: E402
+
+from soulmem_torch.bank import MemoryBank  # noqa: E402
+from soulmem_torch.bank.serve import (  # noqa: E402
+    ServerBusyError,
+    ServerLimits,
+    _idle_protocol,
+    create_app,
+)
+from soulmem_torch.errors import StoreError, ValidationError  # noqa: E402
+from soulmem_torch.store import _db  # noqa: E402
+from tests.bank.helpers import sample_notes  # noqa: E402
+
+
+def _serde(text: str) -> dict:
+    from soulmem_torch.model import MemoryNote, SemMemory
+
+    note = MemoryNote.build(SemMemory(content=text, aliases=[], concept_type="Entity",
+                                      description=""))  # fmt: skip
+    return json.loads(note.to_json())
+
+
+@pytest.fixture()
+def bank_dir(tmp_path: Path) -> Path:
+    bank = MemoryBank()
+    bank.add_agent("npc-0", sample_notes(list(range(10))))
+    bank.save(tmp_path)
+    return tmp_path
+
+
+def _client(root: Path, **limits: object) -> TestClient:
+    return TestClient(create_app(root, limits=ServerLimits(**limits)))  # type: ignore[arg-type]
+
+
+def test_lone_surrogate_is_422_and_never_served_or_persisted(bank_dir: Path) -> None:
+    body = json.dumps({"notes": [_serde("cut emoji \ud83d")]})  # JSON escapes it: \\ud83d
+    with _client(bank_dir) as client:
+        r = client.post("/agents/npc-new/notes", content=body,
+                        headers={"content-type": "application/json"})  # fmt: skip
+        assert r.status_code == 422 and "surrogate" in r.json()["error"]
+        assert client.get("/health").json()["agents"] == 1  # not registered
+        r = client.post("/agents/npc-0/notes", json={"notes": [_serde("fine")]})
+        assert r.status_code == 200, r.text
+    assert MemoryBank.load(bank_dir).agents() == ["npc-0"]  # nor persisted later
+
+
+def test_disk_full_is_503_and_rolled_back(bank_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(self, *a, **k):  # type: ignore[no-untyped-def]
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with _client(bank_dir) as client:
+        monkeypatch.setattr(_db.Database, "commit_version", full)
+        r = client.post("/agents/npc-0/notes", json={"notes": [_serde("refused write")]})
+        assert r.status_code == 503 and "disk is full" in r.json()["error"]
+        monkeypatch.undo()
+        assert client.get("/health").json()["notes"] == 10  # memory rolled back
+        r = client.post("/agents/npc-0/notes", json={"notes": [_serde("accepted")]})
+        assert r.json()["notes"] == 11
+    assert len(MemoryBank.load(bank_dir).agent("npc-0")) == 11
+
+
+def test_a_second_server_on_one_bank_is_refused(bank_dir: Path) -> None:
+    with _client(bank_dir):
+        with pytest.raises(ServerBusyError, match="another soulmem serve"):
+            create_app(bank_dir)
+    with _client(bank_dir):  # released at shutdown
+        pass
+
+
+def test_body_text_and_batch_limits_are_413(bank_dir: Path) -> None:
+    with _client(bank_dir, max_body_bytes=4096, max_text_chars=300, max_batch=2) as client:
+        r = client.post("/ask", content=b"{" + b" " * 10_000 + b"}",
+                        headers={"content-type": "application/json"})  # fmt: skip
+        assert r.status_code == 413 and "limit of 4096 bytes" in r.json()["error"]
+
+        def chunks():  # no Content-Length: counted while it streams
+            for _ in range(10):
+                yield b" " * 1000
+
+        r = client.post("/ask", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413
+        r = client.post("/ask", json={"agent": "npc-0", "text": "x" * 301})
+        assert r.status_code == 413 and "301 characters" in r.json()["error"]
+        r = client.post("/agents/npc-0/notes", json={"notes": [_serde("a")] * 3})
+        assert r.status_code == 413 and "3 notes" in r.json()["error"]
+        r = client.post("/agents/npc-0/notes", json={"notes": [_serde("y" * 400)]})
+        assert r.status_code == 413
+        assert client.post("/ask", json={"agent": "npc-0", "text": "rain"}).status_code == 200
+
+
+def test_agent_cap_is_503(bank_dir: Path) -> None:
+    with _client(bank_dir, max_agents=2) as client:
+        assert client.post("/agents/b/notes", json={"notes": [_serde("b")]}).status_code == 200
+        r = client.post("/agents/c/notes", json={"notes": [_serde("c")]})
+        assert r.status_code == 503 and "limit" in r.json()["error"]
+        assert client.post("/agents/b/notes", json={"notes": [_serde("b2")]}).status_code == 200
+
+
+def test_bad_limits_and_missing_manifest(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="limits.max_batch"):
+        ServerLimits(max_batch=0)
+    (tmp_path / "agents" / "x").mkdir(parents=True)  # agents/ without any manifest
+    with pytest.raises(StoreError, match="refusing to start an empty bank"):
+        create_app(tmp_path)
+    create_app(tmp_path / "fresh").state.release()  # an empty directory: an empty bank
+
+
+def test_idle_connections_are_closed(bank_dir: Path) -> None:
+    app = create_app(bank_dir)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="error", http=_idle_protocol(),
+        timeout_keep_alive=0.5, limit_concurrency=64,
+    ))  # fmt: skip
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.02)
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+        for sock in idle:
+            sock.settimeout(5)
+        closed = sum(sock.recv(1) == b"" for sock in idle)  # the server hung up on each
+        assert closed == len(idle)
+        import httpx
+
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
+        for sock in idle:
+            sock.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
