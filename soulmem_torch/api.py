@@ -69,8 +69,10 @@ def note_label(note: MemoryNote, *, width: int = 60) -> str:
         text = mt.narrative
     elif isinstance(mt, AbstractSituation):
         leaf = mt.leaf
-        text = getattr(leaf, "name", None) or getattr(leaf, "action", None) or getattr(
-            leaf, "atmosphere", ""
+        text = (
+            getattr(leaf, "name", None)
+            or getattr(leaf, "action", None)
+            or getattr(leaf, "atmosphere", "")
         )
         text = f"{mt.kind}: {text}"
     elif isinstance(mt, ProcMemory):
@@ -369,7 +371,9 @@ class SoulMem:
     ) -> list[list[tuple[MemoryId, float]]]:
         """Association (PPR) from scored sources, one list per request."""
         config = config or AssociationConfig()
-        requests = [config.into_request(self.working_memory, s, device=self.device) for s in sources]
+        requests = [
+            config.into_request(self.working_memory, s, device=self.device) for s in sources
+        ]
         return RetrAssociation().retrieve_batch(requests)
 
     async def forget(
@@ -437,6 +441,4 @@ class SoulMem:
                 "forget_sync: an event loop is already running in this thread; use "
                 "`await mem.forget(...)` here instead"
             )
-        return asyncio.run(
-            self.forget(now=now, llm=llm, progress=progress, **options)
-        )
+        return asyncio.run(self.forget(now=now, llm=llm, progress=progress, **options))

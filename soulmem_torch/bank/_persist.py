@@ -31,9 +31,7 @@ from soulmem_torch.store._db import Database, NoteRow, agent_digest, graph_diges
 from soulmem_torch.store._store import (
     check_lock_timeout,
     check_utf8,
-    counts_of,
     decode_rows,
-    layout_of,
     note_rows,
     version_info,
 )
@@ -319,7 +317,9 @@ def _build_agents(
                         ids=[MemoryId(i) for i in ids], **tensors,
                     )  # fmt: skip
                 except (CodecError, KeyError, ValueError, TypeError, RuntimeError) as exc:
-                    raise StoreError(f"{where}: agent {agent_id!r}: bad graph blob ({exc})") from None
+                    raise StoreError(
+                        f"{where}: agent {agent_id!r}: bad graph blob ({exc})"
+                    ) from None
                 out.append((agent_id, _Agent(graph=graph.cpu())))
                 continue
             if kind != "notes":
@@ -382,9 +382,7 @@ def _load_legacy(bank: Any, root: Path) -> None:
     if not isinstance(manifest, dict) or manifest.get("format") != "soulmem-bank":
         raise StoreError(f"path: {str(manifest_path)!r} is not a soulmem-bank manifest")
     if manifest.get("version") != 1:
-        raise StoreError(
-            f"path: bank format version {manifest.get('version')!r}; expected 1"
-        )
+        raise StoreError(f"path: bank format version {manifest.get('version')!r}; expected 1")
     entries = manifest.get("agents")
     if not isinstance(entries, list):
         raise StoreError(f"path: {str(manifest_path)!r}: 'agents' must be a list")
@@ -400,7 +398,9 @@ def _load_legacy(bank: Any, root: Path) -> None:
             seen.add(agent_id)
             target = root / str(entry.get("dir"))
             if target.resolve().parent != (root / "agents").resolve():
-                raise StoreError(f"{manifest_path}: agent {agent_id!r}: bad dir {entry.get('dir')!r}")
+                raise StoreError(
+                    f"{manifest_path}: agent {agent_id!r}: bad dir {entry.get('dir')!r}"
+                )
             if entry.get("kind", "notes") == "graph":
                 try:
                     payload = torch.load(target / "graph.pt", weights_only=True)

@@ -31,9 +31,7 @@ from functools import wraps
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from soulmem_torch.errors import ConfigError, NotFoundError, StoreError, ValidationError
+from soulmem_torch.errors import ConfigError, NotFoundError, ValidationError
 from soulmem_torch.model import MemoryId, MemoryNote
 
 __all__ = ["MemoryBank"]

@@ -283,8 +283,7 @@ def create_app(
         text = field(data, "text", str, "a question (string)")
         if len(text) > limits.max_text_chars:
             raise _TooLarge(
-                f"body.text: {len(text)} characters, more than the limit of "
-                f"{limits.max_text_chars}"
+                f"body.text: {len(text)} characters, more than the limit of {limits.max_text_chars}"
             )
         result = await retriever.ask(agent, text)
         return JSONResponse(result_json(bank, agent, result))
@@ -313,8 +312,7 @@ def create_app(
         raw = field(data, "notes", list, "a list of MemoryNote JSON objects")
         if len(raw) > limits.max_batch:
             raise _TooLarge(
-                f"body.notes: {len(raw)} notes, more than the limit of {limits.max_batch} per "
-                "write"
+                f"body.notes: {len(raw)} notes, more than the limit of {limits.max_batch} per write"
             )
         notes = parse_notes_text(json.dumps(raw), source="body.notes")
         for i, note in enumerate(notes):

@@ -142,18 +142,39 @@ def add_parser(sub: Any) -> None:
         "--max-wait-ms", type=_positive(float), default=2.0, help="batch gathering window (ms)"
     )
     p.add_argument("--max-queue", type=_positive(int), default=4096, help="queue bound")
-    p.add_argument("--max-body-bytes", type=_positive(int), default=8 * 1024 * 1024,
-                   help="largest request body (8 MiB; 413 beyond)")
-    p.add_argument("--max-text-chars", type=_positive(int), default=20_000,
-                   help="longest question or note JSON (20000 characters; 413 beyond)")
-    p.add_argument("--max-notes", type=_positive(int), default=1_000,
-                   help="notes per write (1000; 413 beyond)")
-    p.add_argument("--max-agents", type=_positive(int), default=100_000,
-                   help="agents in the bank (100000; a write creating one more is 503)")
-    p.add_argument("--idle-timeout", type=_positive(float), default=15.0,
-                   help="seconds before a silent connection is closed (15)")
-    p.add_argument("--max-connections", type=_positive(int), default=512,
-                   help="open connections / requests in flight (512; 503 beyond)")
+    p.add_argument(
+        "--max-body-bytes",
+        type=_positive(int),
+        default=8 * 1024 * 1024,
+        help="largest request body (8 MiB; 413 beyond)",
+    )
+    p.add_argument(
+        "--max-text-chars",
+        type=_positive(int),
+        default=20_000,
+        help="longest question or note JSON (20000 characters; 413 beyond)",
+    )
+    p.add_argument(
+        "--max-notes", type=_positive(int), default=1_000, help="notes per write (1000; 413 beyond)"
+    )
+    p.add_argument(
+        "--max-agents",
+        type=_positive(int),
+        default=100_000,
+        help="agents in the bank (100000; a write creating one more is 503)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=_positive(float),
+        default=15.0,
+        help="seconds before a silent connection is closed (15)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=_positive(int),
+        default=512,
+        help="open connections / requests in flight (512; 503 beyond)",
+    )
     p.add_argument(
         "--threads",
         type=_positive(int),

@@ -230,8 +230,10 @@ class Database:
             raise self._damaged(exc) from None
         meta: dict[str, str] = {}
         for key, value, sha in rows:
-            if not isinstance(key, str) or not isinstance(value, str) or (
-                sha != meta_digest(key, value)
+            if (
+                not isinstance(key, str)
+                or not isinstance(value, str)
+                or (sha != meta_digest(key, value))
             ):
                 raise self._damaged(f"meta row {key!r}: checksum mismatch")
             meta[key] = value

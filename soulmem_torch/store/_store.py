@@ -19,7 +19,6 @@ from soulmem_torch.embedding.identity import EmbedderIdentity
 from soulmem_torch.errors import StoreError, ValidationError
 from soulmem_torch.model._describe import describe_validation_error
 from soulmem_torch.model.ids import MemoryId
-from soulmem_torch.model.links import MemoryLink
 from soulmem_torch.model.notes import MemoryNote
 from soulmem_torch.store import _legacy
 from soulmem_torch.store._codec import CodecError, decode_embedding, encode_embedding
@@ -32,7 +31,6 @@ from soulmem_torch.store._legacy import (
     DirectoryStore,
     StoreChangedError,
     StoreContents,
-    StoreDamagedError,
     StoreLockedError,
     VersionInfo,
     _attach_pending,
@@ -111,7 +109,10 @@ def validate_embeddings(embeddings: Sequence[MemoryEmbedding | None]) -> int | N
                 f"embeddings[{i}]: expected a MemoryEmbedding or None, found {type(emb).__name__}"
             )
         where = f"embeddings[{i}]"
-        for what, vec in [("tag", emb.tag), *((f"fields[{k!r}]", v) for k, v in emb.fields.items())]:
+        for what, vec in [
+            ("tag", emb.tag),
+            *((f"fields[{k!r}]", v) for k, v in emb.fields.items()),
+        ]:
             if not isinstance(vec, torch.Tensor):
                 raise ValidationError(
                     f"{where}.{what}: expected a torch.Tensor, found {type(vec).__name__}"
@@ -492,7 +493,9 @@ class MemoryStore:
                 self._migrate(conn)
                 existing = self.db.note_digests(conn, _AGENT)
                 rows = _keep_positions(candidate, existing)
-                upserts = [r for r in rows if existing.get(r.id, (None, None))[1] != r.digest(_AGENT)]
+                upserts = [
+                    r for r in rows if existing.get(r.id, (None, None))[1] != r.digest(_AGENT)
+                ]
                 keep = {r.id for r in rows}
                 deletes = [i for i in existing if i not in keep]
                 change = {"added": sum(r.id not in existing for r in upserts),
@@ -500,8 +503,11 @@ class MemoryStore:
                           "removed": len(deletes)}  # fmt: skip
                 info = version_info(counts, layout, embedder_name, embedder_identity, change)
                 latest = self.db.latest(conn)
-                if not upserts and not deletes and latest is not None and _same_info(
-                    latest[2], info
+                if (
+                    not upserts
+                    and not deletes
+                    and latest is not None
+                    and _same_info(latest[2], info)
                 ):  # nothing changed: no new version
                     self.last_version = version_name(latest[0])
                     return manifest_of(*latest, self.db.path)
@@ -621,7 +627,9 @@ class MemoryStore:
             try:
                 wanted.append(str(MemoryId(str(mid))))
             except ValueError:
-                raise ValidationError(f"ids[{i}]: expected a note id (UUID), found {mid!r}") from None
+                raise ValidationError(
+                    f"ids[{i}]: expected a note id (UUID), found {mid!r}"
+                ) from None
         with self.lock():
             live = self._live_locked()
             if base_version is not ... and base_version != live:
@@ -650,7 +658,9 @@ class MemoryStore:
                     counts.pop(key, None)
                 layout = prev.get("embedding")
                 if layout is not None:
-                    layout = {**layout, "count": counts["embeddings"]} if counts["embeddings"] else None
+                    layout = (
+                        {**layout, "count": counts["embeddings"]} if counts["embeddings"] else None
+                    )
                 info = version_info(counts, layout, prev.get("embedder_name"), prev.get("embedder"),
                                     {"added": 0, "updated": 0, "removed": len(present)})  # fmt: skip
                 gen = self.db.commit_version(
@@ -687,7 +697,9 @@ class MemoryStore:
                     f"{theirs.name}; vectors of two embedders are never mixed"
                 )
 
-    def _check_rids_free(self, conn: Any, rows: Sequence[NoteRow], ids: Mapping[MemoryId, str]) -> None:
+    def _check_rids_free(
+        self, conn: Any, rows: Sequence[NoteRow], ids: Mapping[MemoryId, str]
+    ) -> None:
         given = {r.rid: r.id for r in rows if r.rid is not None}
         for part in _chunks(list(given), 500):
             marks = ",".join("?" * len(part))
@@ -719,9 +731,13 @@ class MemoryStore:
             f"{self.path}: not a memory store (nothing saved yet?) — no {DB_FILE} here"
         )
 
-    def _contents(self, latest: tuple[int, str, dict[str, Any]], rows: Sequence[Any]) -> StoreContents:
+    def _contents(
+        self, latest: tuple[int, str, dict[str, Any]], rows: Sequence[Any]
+    ) -> StoreContents:
         gen, written_at, info = latest
-        notes, embeddings, readable = decode_rows(str(self.db.path), _AGENT, rows, hint=self._hint())
+        notes, embeddings, readable = decode_rows(
+            str(self.db.path), _AGENT, rows, hint=self._hint()
+        )
         full = dict(info)
         full["counts"] = counts_of(notes, embeddings, readable)
         layout = layout_of(embeddings)
@@ -779,7 +795,9 @@ class MemoryStore:
             embedder = None
             if info is not None:
                 ident = info.get("embedder")
-                embedder = ident.get("name") if isinstance(ident, dict) else info.get("embedder_name")
+                embedder = (
+                    ident.get("name") if isinstance(ident, dict) else info.get("embedder_name")
+                )
             notes = None if info is None else (info.get("counts") or {}).get("notes")
             out.append(VersionInfo(
                 name=version_name(gen), generation=gen, current=gen == live,
@@ -803,8 +821,7 @@ class MemoryStore:
         if name not in names:
             listed = ", ".join(names) if names else "none"
             raise StoreError(
-                f"{self.path}: version {version!r} matches no kept version; versions kept: "
-                f"{listed}"
+                f"{self.path}: version {version!r} matches no kept version; versions kept: {listed}"
             )
         return name
 
@@ -836,7 +853,9 @@ class MemoryStore:
                     ) from None
                 target = [NoteRow(i, p, t, r, e) for i, p, t, r, e, _ in rows]
                 existing = self.db.note_digests(conn, _AGENT)
-                upserts = [r for r in target if existing.get(r.id, (None, None))[1] != r.digest(_AGENT)]
+                upserts = [
+                    r for r in target if existing.get(r.id, (None, None))[1] != r.digest(_AGENT)
+                ]
                 keep = {r.id for r in target}
                 deletes = [i for i in existing if i not in keep]
                 old = versions[gen][1]
@@ -877,7 +896,9 @@ class MemoryStore:
         return _legacy.DirectoryStore.load_cluster(self, cluster)  # type: ignore[arg-type]
 
 
-def _keep_positions(rows: list[NoteRow], existing: Mapping[str, tuple[int, bytes]]) -> list[NoteRow]:
+def _keep_positions(
+    rows: list[NoteRow], existing: Mapping[str, tuple[int, bytes]]
+) -> list[NoteRow]:
     """Positions for a full save: kept notes keep theirs when their order is unchanged and new
     notes come after them (appends and removals touch no other row); otherwise 0..N-1."""
     last = -1
@@ -912,6 +933,3 @@ def _same_info(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-

@@ -321,7 +321,9 @@ def test_eval_congyu() -> None:
     out = ok(soulmem("eval", suite, "--cases"))
     assert "cases: 31  pass rate: 1.000" in out
     row = next(ln for ln in out.splitlines() if ln.startswith("per sub-query"))
-    assert float(row.split()[2]) == pytest.approx(0.890, abs=0.001)  # per-sub-query MRR (rank fusion)
+    assert float(row.split()[2]) == pytest.approx(
+        0.890, abs=0.001
+    )  # per-sub-query MRR (rank fusion)
     assert re.search(r"MRR\s+Hit\s+R@1\s+P@1\s+nDCG@1", out)
     assert out.count("[PASS]") == 31
 

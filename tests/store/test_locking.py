@@ -180,7 +180,7 @@ def test_load_retries_when_the_version_vanishes_under_it(
 ) -> None:
     """Deterministic version of the race above (the legacy directory format): the first read
     hits a pruned version."""
-    MemoryStore = DirectoryStore  # noqa: N806
+    MemoryStore = DirectoryStore
     store = MemoryStore(tmp_path, keep_versions=1)
     store.save(notes(0, 1))
     real = MemoryStore._load_version

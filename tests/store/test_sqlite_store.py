@@ -34,7 +34,9 @@ EMB = HashingEmbedder(64)
 
 def _rows(path: Path) -> dict[str, tuple]:
     with sqlite3.connect(path / DB_FILE) as conn:
-        return {r[0]: r[1:] for r in conn.execute("SELECT id, pos, note, rid, emb, gen, sha FROM notes")}
+        return {
+            r[0]: r[1:] for r in conn.execute("SELECT id, pos, note, rid, emb, gen, sha FROM notes")
+        }
 
 
 def _saved(path: Path, n: int = 5) -> MemoryStore:
