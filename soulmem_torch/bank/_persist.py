@@ -54,10 +54,17 @@ def bank_db(path: str | os.PathLike[str], timeout: float | None = None) -> Datab
     return Database(Path(path) / BANK_DB, kind="bank", timeout=check_lock_timeout(timeout))
 
 
-def _identity(embedder: Any) -> dict[str, Any]:
+def _identity(embedder: Any, bank: Any = None) -> dict[str, Any]:
+    """The embedder's identity (one embedder call; cached on the bank per embedder)."""
     from soulmem_torch.embedding.identity import embedder_identity
 
-    return embedder_identity(embedder).to_json()
+    cached = getattr(bank, "_identity_cache", None)
+    if cached is not None and cached[0] is embedder:
+        return cached[1]
+    identity = embedder_identity(embedder).to_json()
+    if bank is not None:
+        bank._identity_cache = (embedder, identity)
+    return identity
 
 
 def _agent_info(bank: Any, kind: str, identity: dict[str, Any] | None) -> str:
@@ -93,7 +100,7 @@ def write_agents(
     deleted) — :meth:`MemoryBank.save`.
     """
     db = bank_db(path)
-    identity = _identity(bank.embedder)
+    identity = _identity(bank.embedder, bank)
     for a in agent_ids:
         check_agent_text(a)
         if a in bank.damaged:
@@ -128,6 +135,12 @@ def write_agents(
             if pos is None:
                 pos, nxt = nxt, nxt + 1
             info = _agent_info(bank, kind, identity)
+            if ids is not None and a in positions:
+                stored = conn.execute("SELECT info FROM agents WHERE agent = ?", (a,)).fetchone()
+                if stored is not None and stored[0] != info:
+                    # its stored vectors came from another embedder: the whole agent is
+                    # written again (never a mix of two embedders' vectors in one agent)
+                    rows, ids = _rows_of(bank._agents[a].mem), None
             conn.execute(
                 "INSERT OR REPLACE INTO agents VALUES (?, ?, ?, ?, ?, ?)",
                 (a, pos, kind, info, gen, agent_digest(a, pos, kind + "\0" + info)),
@@ -170,7 +183,7 @@ def _migrate_legacy(bank: Any, root: Path, conn: Any) -> None:
         return
     if not (root / LEGACY_MANIFEST).exists():
         return
-    identity = _identity(bank.embedder)
+    identity = _identity(bank.embedder, bank)
     for pos, a in enumerate(bank._order):
         agent = bank._agents[a]
         kind = "notes" if agent.mem is not None else "graph"

@@ -172,3 +172,27 @@ def test_a_store_is_not_a_bank(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="holds a store, not a bank"):
         MemoryBank.load(tmp_path)
     assert bank_db(tmp_path).exists()
+
+
+def test_another_embedder_reembeds_and_a_write_rewrites_that_agent_whole(tmp_path: Path) -> None:
+    from soulmem_torch.embedding import HashingEmbedder
+    from soulmem_torch.store._codec import decode_embedding
+
+    bank = MemoryBank(embedder=HashingEmbedder(64))
+    bank.add_agent("npc-0", sample_notes(list(range(5))))
+    bank.add_agent("npc-1", sample_notes(list(range(5, 10))))
+    bank.save(tmp_path)
+    other = MemoryBank.load(tmp_path, embedder=HashingEmbedder(32))
+    assert other.reembedded and other.graph("npc-0").tag_emb.shape[1] == 32
+    with pytest.raises(Exception, match="refusing to mix"):
+        MemoryBank.load(tmp_path, embedder=HashingEmbedder(32), on_embedder_mismatch="refuse")
+    other.write_notes(tmp_path, "npc-0", [_note("one more")])
+    with sqlite3.connect(tmp_path / BANK_DB) as conn:
+        widths = {
+            agent: {decode_embedding(e).tag.shape[0] for (e,) in conn.execute(
+                "SELECT emb FROM notes WHERE agent = ?", (agent,))}
+            for agent in ("npc-0", "npc-1")
+        }  # fmt: skip
+    assert widths == {"npc-0": {32}, "npc-1": {64}}  # never two embedders in one agent
+    again = MemoryBank.load(tmp_path, embedder=HashingEmbedder(32))
+    assert len(again.agent("npc-0")) == 6 and again.graph("npc-1").tag_emb.shape[1] == 32

@@ -152,3 +152,64 @@ def test_idle_connections_are_closed(bank_dir: Path) -> None:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def test_kill_9_during_writes_loses_no_acknowledged_note(bank_dir: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "soulmem_torch", "serve", str(bank_dir), "--port", str(port),
+           "--threads", "1", "-q"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    acked: list[str] = []
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                httpx.get(url + "/health", timeout=2)
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+                time.sleep(0.2)
+        stop = threading.Event()
+
+        def writer(tag: str) -> None:
+            with httpx.Client(base_url=url, timeout=30) as client:
+                for j in range(10_000):
+                    if stop.is_set():
+                        return
+                    note = _serde(f"note {tag} {j}")
+                    try:
+                        r = client.post(f"/agents/{tag}/notes", json={"notes": [note]})
+                    except httpx.HTTPError:
+                        return
+                    if r.status_code == 200:
+                        acked.append(note["id"])
+
+        threads = [threading.Thread(target=writer, args=(f"w{k}",)) for k in range(4)]
+        for t in threads:
+            t.start()
+        while len(acked) < 40 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)  # in the middle of the writes
+        proc.wait(timeout=30)
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(acked) >= 40
+    bank = MemoryBank.load(bank_dir)  # loadable, every agent whole
+    assert not bank.damaged
+    stored = {str(i) for a in bank.agents() for i in bank.graph(a).ids}
+    assert set(acked) <= stored
