@@ -100,6 +100,10 @@ def write_agents(
     deleted) — :meth:`MemoryBank.save`.
     """
     db = bank_db(path)
+    if (Path(path) / "store.sqlite3").exists():
+        raise StoreError(
+            f"path: {str(path)!r} holds a memory store, not a bank; save the bank elsewhere"
+        )
     identity = _identity(bank.embedder, bank)
     for a in agent_ids:
         check_agent_text(a)

@@ -2,13 +2,18 @@
 
 **Embedding blob** (one per embedded note; ``NULL`` for a note without one)::
 
-    b"SE" | version u8 = 1 | dtype code u8 | D u32 | field bitmask u64 | zlib(rows × D values)
+    b"SE" | version u8 = 2 | dtype code u8 | D u32 | field bitmask u64 | layout u8 | count u32
+    dense:  count = rows × D values
+    sparse: count positions (u16, or u32 past 65,535 values) | count values
 
 The rows are the tag vector, then the note's *present* fields in ``FIELD_NAMES`` order (the bit
 ``FIELD_INDEX[name]`` of the mask is set for each). Values are kept in their own dtype, bit for
-bit (float32 for every built-in embedder) and deflated (zlib level 1): the offline
-``HashingEmbedder``'s vectors are ~98 % zeros, so a note costs a few hundred bytes instead of
-4 KB per field, and retrieval is unchanged by construction (the decoded tensors are equal).
+bit (float32 for every built-in embedder; compared as bit patterns, so ``-0.0`` survives),
+little-endian; sparse (the nonzero values and their flat positions) whenever that is smaller:
+the offline ``HashingEmbedder``'s vectors are ~98 % zeros, so a note costs well under 1 KB
+instead of 4 KB per field, and retrieval is unchanged by construction (the decoded tensors are
+equal). :func:`decode_embeddings` decodes a whole store at once (one scatter per dtype and
+width; every note's vectors are views into one buffer).
 
 **Graph blob** (a tensor-built bank agent): ``b"SG" | version u8 | header length u32 | header
 JSON | raw tensor bytes``; the header lists each tensor's dtype, shape and byte range, and the
@@ -23,10 +28,10 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from soulmem_torch.embedding.fields import FIELD_INDEX, FIELD_NAMES, MemoryEmbedding
@@ -41,7 +46,8 @@ __all__ = [
 
 _EMB_MAGIC = b"SE"
 _GRAPH_MAGIC = b"SG"
-_EMB_HEADER = struct.Struct("<2sBBIQ")
+_EMB_HEADER = struct.Struct("<2sBBIQBI")  # magic, version, dtype, D, field mask, layout, count
+_DENSE, _SPARSE16, _SPARSE32 = 0, 1, 2
 _GRAPH_HEADER = struct.Struct("<2sBI")
 
 _DTYPES: dict[int, torch.dtype] = {
@@ -51,6 +57,10 @@ _DTYPES: dict[int, torch.dtype] = {
     4: torch.bfloat16,
 }
 _CODES = {dtype: code for code, dtype in _DTYPES.items()}
+_ITEMSIZE = {code: torch.empty((), dtype=dtype).element_size() for code, dtype in _DTYPES.items()}
+_BITS = {1: torch.int32, 2: torch.int64, 3: torch.int16, 4: torch.int16}
+_NP_BITS = {2: np.int16, 4: np.int32, 8: np.int64}
+_MASK_NAMES: dict[int, list[str]] = {}
 
 
 class CodecError(ValueError):
@@ -73,7 +83,8 @@ def row_digest(*parts: str | bytes | int | None) -> bytes:
 
 
 def encode_embedding(emb: MemoryEmbedding) -> bytes:
-    """The blob of one (validated) embedding: the tag and the present fields, deflated."""
+    """The blob of one (validated) embedding: the tag and the present fields, sparse when
+    that is smaller (the nonzero bit patterns and their flat positions), else dense."""
     names = sorted(emb.fields, key=FIELD_INDEX.__getitem__)
     vectors = [emb.tag.detach(), *(emb.fields[n].detach() for n in names)]
     dtype = vectors[0].dtype
@@ -81,45 +92,114 @@ def encode_embedding(emb: MemoryEmbedding) -> bytes:
         dtype = torch.promote_types(dtype, v.dtype)
     if dtype not in _CODES:
         dtype = torch.float32
+    code = _CODES[dtype]
     matrix = torch.stack([v.to("cpu", dtype) for v in vectors]).contiguous()
     mask = 0
     for n in names:
         mask |= 1 << FIELD_INDEX[n]
-    raw = matrix.view(torch.uint8).numpy().tobytes()
-    header = _EMB_HEADER.pack(_EMB_MAGIC, 1, _CODES[dtype], int(matrix.shape[1]), mask)
-    return header + zlib.compress(raw, 1)
+    bits = matrix.view(_BITS[code]).flatten().numpy()  # the exact bit patterns (keeps -0.0)
+    where = np.flatnonzero(bits)
+    itemsize = _ITEMSIZE[code]
+    index_type = np.dtype("<u2") if bits.size <= 0xFFFF else np.dtype("<u4")
+    sparse = where.size * (index_type.itemsize + itemsize) < bits.size * itemsize
+    layout = (_SPARSE16 if index_type.itemsize == 2 else _SPARSE32) if sparse else _DENSE
+    header = _EMB_HEADER.pack(_EMB_MAGIC, 2, code, int(matrix.shape[1]), mask, layout,
+                              int(where.size if sparse else bits.size))  # fmt: skip
+    little = bits.astype(bits.dtype.newbyteorder("<"), copy=False)
+    if not sparse:
+        return header + little.tobytes()
+    return header + where.astype(index_type).tobytes() + little[where].tobytes()
 
 
 def decode_embedding(blob: bytes) -> MemoryEmbedding:
-    """Inverse of :func:`encode_embedding`.
+    """Inverse of :func:`encode_embedding` (one blob; see :func:`decode_embeddings`).
 
     Raises:
         CodecError: a bad header, dtype, field mask or payload size.
     """
+    out = decode_embeddings([blob])[0]
+    assert out is not None
+    return out
+
+
+def _header(blob: bytes) -> tuple[int, int, list[str], int, int]:
     if len(blob) < _EMB_HEADER.size:
         raise CodecError(f"embedding blob of {len(blob)} bytes is shorter than its header")
-    magic, version, code, dim, mask = _EMB_HEADER.unpack_from(blob)
-    if magic != _EMB_MAGIC or version != 1:
+    magic, version, code, dim, mask, layout, count = _EMB_HEADER.unpack_from(blob)
+    if magic != _EMB_MAGIC or version != 2:
         raise CodecError(f"embedding blob: unknown header {magic!r} version {version}")
-    dtype = _DTYPES.get(code)
-    if dtype is None or dim < 1:
-        raise CodecError(f"embedding blob: bad dtype code {code} or width {dim}")
-    if mask >> len(FIELD_NAMES):
-        raise CodecError(f"embedding blob: field mask {mask:#x} names unknown fields")
-    names = [n for n in FIELD_NAMES if mask >> FIELD_INDEX[n] & 1]
-    try:
-        raw = zlib.decompress(blob[_EMB_HEADER.size :])
-    except zlib.error as exc:
-        raise CodecError(f"embedding blob: {exc}") from None
-    rows = 1 + len(names)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if len(raw) != rows * dim * itemsize:
+    if code not in _DTYPES or dim < 1 or layout not in (_DENSE, _SPARSE16, _SPARSE32):
+        raise CodecError(f"embedding blob: bad dtype code {code}, width {dim} or layout {layout}")
+    names = _MASK_NAMES.get(mask)
+    if names is None:
+        if mask >> len(FIELD_NAMES):
+            raise CodecError(f"embedding blob: field mask {mask:#x} names unknown fields")
+        names = _MASK_NAMES[mask] = [n for n in FIELD_NAMES if mask >> FIELD_INDEX[n] & 1]
+    size = (1 + len(names)) * dim
+    itemsize = _ITEMSIZE[code]
+    width = {_DENSE: 0, _SPARSE16: 2, _SPARSE32: 4}[layout]
+    expect = _EMB_HEADER.size + count * (width + itemsize)
+    if len(blob) != expect or (layout == _DENSE and count != size) or count > size:
         raise CodecError(
-            f"embedding blob: expected {rows * dim * itemsize} bytes ({rows} × {dim} "
-            f"{dtype}), found {len(raw)}"
+            f"embedding blob: {len(blob)} bytes do not fit {1 + len(names)} × {dim} values "
+            f"({count} stored)"
         )
-    matrix = torch.frombuffer(bytearray(raw), dtype=dtype).view(rows, dim)
-    return MemoryEmbedding(tag=matrix[0], fields=dict(zip(names, matrix[1:].unbind(0))))
+    return code, dim, names, layout, count
+
+
+def decode_embeddings(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None]:
+    """Decodes many blobs at once: one zero-filled buffer per (dtype, width), the stored
+    values scattered into it in one vectorized step, and each note's vectors views into it.
+
+    Raises:
+        CodecError: naming the position (in ``blobs``) of a blob that does not decode.
+    """
+    heads: list[tuple[int, int, list[str], int, int] | None] = []
+    for i, blob in enumerate(blobs):
+        if blob is None:
+            heads.append(None)
+            continue
+        try:
+            heads.append(_header(blob))
+        except CodecError as exc:
+            raise CodecError(f"blob {i}: {exc}") from None
+    out: list[MemoryEmbedding | None] = [None] * len(blobs)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, head in enumerate(heads):
+        if head is not None:
+            groups.setdefault((head[0], head[1]), []).append(i)
+    for (code, dim), members in groups.items():
+        rows = [1 + len(heads[i][2]) for i in members]  # type: ignore[index]
+        starts = np.zeros(len(members) + 1, dtype=np.int64)
+        np.cumsum(rows, out=starts[1:])
+        bits_type = np.dtype(_NP_BITS[_ITEMSIZE[code]]).newbyteorder("<")
+        flat = np.zeros(int(starts[-1]) * dim, dtype=bits_type)
+        positions: list[np.ndarray] = []
+        values: list[np.ndarray] = []
+        for k, i in enumerate(members):
+            _, _, _, layout, count = heads[i]  # type: ignore[misc]
+            blob = blobs[i]
+            base = int(starts[k]) * dim
+            if layout == _DENSE:
+                flat[base : base + count] = np.frombuffer(blob, bits_type, count, _EMB_HEADER.size)  # type: ignore[arg-type]
+                continue
+            index_type = "<u2" if layout == _SPARSE16 else "<u4"
+            width = 2 if layout == _SPARSE16 else 4
+            where = np.frombuffer(blob, index_type, count, _EMB_HEADER.size)  # type: ignore[arg-type]
+            if count and int(where.max()) >= rows[k] * dim:
+                raise CodecError(f"blob {i}: a stored position lies outside its vectors")
+            positions.append(where.astype(np.int64) + base)
+            values.append(np.frombuffer(blob, bits_type, count, _EMB_HEADER.size + count * width))  # type: ignore[arg-type]
+        if positions:
+            flat[np.concatenate(positions)] = np.concatenate(values)
+        native = flat.astype(flat.dtype.newbyteorder("="), copy=False)
+        matrix = torch.from_numpy(native).view(_DTYPES[code]).view(-1, dim)
+        vectors = matrix.unbind(0)
+        for k, i in enumerate(members):
+            lo, hi = int(starts[k]), int(starts[k + 1])
+            names = heads[i][2]  # type: ignore[index]
+            out[i] = MemoryEmbedding(tag=vectors[lo], fields=dict(zip(names, vectors[lo + 1 : hi])))
+    return out
 
 
 _GRAPH_KEYS = (

@@ -21,7 +21,7 @@ from soulmem_torch.model._describe import describe_validation_error
 from soulmem_torch.model.ids import MemoryId
 from soulmem_torch.model.notes import MemoryNote
 from soulmem_torch.store import _legacy
-from soulmem_torch.store._codec import CodecError, decode_embedding, encode_embedding
+from soulmem_torch.store._codec import CodecError, decode_embeddings, encode_embedding
 from soulmem_torch.store._db import Database, NoteRow, version_name
 from soulmem_torch.store._legacy import (
     DEFAULT_LOCK_TIMEOUT,
@@ -190,7 +190,6 @@ def decode_rows(
         StoreError: naming the note whose checksum, JSON or embedding is bad.
     """
     notes: list[MemoryNote] = []
-    embeddings: list[MemoryEmbedding | None] = []
     readable: dict[MemoryId, str] = {}
     who = f"agent {agent!r}, " if agent else ""
     for id_, pos, text, rid, emb, sha in rows:
@@ -208,14 +207,21 @@ def decode_rows(
             ) from None
         if str(note.id) != id_:
             raise StoreError(f"{where}: {who}note {id_}: the row holds note {note.id}")
-        try:
-            embedding = None if emb is None else decode_embedding(emb)
-        except CodecError as exc:
-            raise StoreError(f"{where}: {who}note {id_}: {exc}") from None
         notes.append(note)
-        embeddings.append(embedding)
         if rid is not None:
             readable[note.id] = rid
+    blobs = [r[4] for r in rows]
+    try:
+        embeddings = decode_embeddings(blobs)
+    except CodecError:  # find and name the note
+        for (id_, *_rest), blob in zip(rows, blobs):
+            try:
+                decode_embeddings([blob])
+            except CodecError as exc:
+                raise StoreError(
+                    f"{where}: {who}note {id_}: {str(exc).removeprefix('blob 0: ')}"
+                ) from None
+        raise
     return notes, embeddings, readable
 
 
@@ -361,8 +367,14 @@ class MemoryStore:
             return self.db.latest(conn) is not None
 
     def exists(self) -> bool:
-        """True when there is a store here (a damaged one too); ``False`` only when absent."""
-        return self.db.exists() or self._legacy.exists()
+        """True when there is a store here (a damaged one too); ``False`` only when absent
+        (a database whose first write never committed holds no store)."""
+        if self._legacy.exists():
+            return True
+        try:
+            return self._db_live()
+        except StoreError:
+            return True  # a damaged database: its load / save raise StoreDamagedError
 
     def current_version(self) -> str | None:
         """The live version's name (``g000007``), or ``None`` (no store, or a damaged one)."""

@@ -213,3 +213,36 @@ def test_kill_9_during_writes_loses_no_acknowledged_note(bank_dir: Path) -> None
     assert not bank.damaged
     stored = {str(i) for a in bank.agents() for i in bank.graph(a).ids}
     assert set(acked) <= stored
+
+
+def test_requests_in_flight_over_the_cap_are_503_json() -> None:
+    import asyncio
+
+    from soulmem_torch.bank.serve import _Guard, _send_json
+
+    class Slow:
+        state = None
+        routes: list = []
+
+        async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+            await asyncio.sleep(0.2)
+            await _send_json(send, 200, {"ok": True})
+
+    guard = _Guard(Slow(), max_in_flight=2)
+
+    async def one() -> tuple[int, dict]:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await guard({"type": "http"}, None, send)
+        return sent[0]["status"], json.loads(sent[1]["body"])
+
+    async def main() -> list[tuple[int, dict]]:
+        return await asyncio.gather(*(one() for _ in range(3)))
+
+    results = asyncio.run(main())
+    assert sorted(code for code, _ in results) == [200, 200, 503]
+    assert any("in flight" in body.get("error", "") for _, body in results)
+    assert guard.in_flight == 0

@@ -57,6 +57,32 @@ def test_embedding_blob_is_exact_and_compact() -> None:
     assert len(blob) < dense / 8, (len(blob), dense)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_embedding_blobs_are_bit_exact_dense_or_sparse(dtype: torch.dtype) -> None:
+    from soulmem_torch.embedding.fields import MemoryEmbedding
+    from soulmem_torch.store._codec import decode_embeddings
+
+    gen = torch.Generator().manual_seed(3)
+    dense = MemoryEmbedding(tag=torch.randn(16, generator=gen).to(dtype),
+                            fields={"content": torch.randn(16, generator=gen).to(dtype)})  # fmt: skip
+    sparse_tag = torch.zeros(300, dtype=dtype)
+    sparse_tag[[3, 299]] = torch.tensor([-0.0, 2.5], dtype=dtype)  # -0.0 kept bit for bit
+    sparse = MemoryEmbedding(tag=sparse_tag, fields={"aliases": torch.zeros(300, dtype=dtype)})
+    blobs = [encode_embedding(dense), None, encode_embedding(sparse)]
+    assert len(blobs[2]) < 300 * 2 * dtype.itemsize / 4  # stored sparse
+    back = decode_embeddings(blobs)
+    assert back[1] is None
+    for want, got in ((dense, back[0]), (sparse, back[2])):
+        assert got is not None and got.tag.dtype == dtype
+        assert torch.equal(got.tag.view(torch.uint8), want.tag.view(torch.uint8))
+        for name in want.fields:
+            assert torch.equal(
+                got.fields[name].view(torch.uint8), want.fields[name].view(torch.uint8)
+            )
+    with pytest.raises(ValueError, match="blob 0"):
+        decode_embeddings([blobs[2][:-3]])
+
+
 def test_writes_touch_only_their_rows(tmp_path: Path) -> None:
     store = _saved(tmp_path)
     before = _rows(tmp_path)
