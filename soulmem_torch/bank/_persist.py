@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from soulmem_torch.errors import StoreError, ValidationError
-from soulmem_torch.store._codec import CodecError, decode_graph, encode_graph
+from soulmem_torch.store._codec import CodecError, decode_embeddings, decode_graph, encode_graph
 from soulmem_torch.store._db import Database, NoteRow, agent_digest, graph_digest
 from soulmem_torch.store._store import (
     check_lock_timeout,
@@ -314,6 +314,13 @@ def _build_agents(
     from soulmem_torch.model import MemoryId
 
     by_agent = {a: list(g) for a, g in groupby(rows, key=lambda r: r[0])}
+    try:  # every blob of the bank in one vectorized decode; a bad one: per agent below
+        decoded = decode_embeddings([r[5] for r in rows])
+        pre: dict[str, list[Any]] = {}
+        for r, e in zip(rows, decoded):
+            pre.setdefault(r[0], []).append(e)
+    except CodecError:
+        pre = {}
     payloads = {a: (p, s) for a, p, s in graphs}
     given: EmbedderIdentity | None = None
     verdicts: dict[str, str | None] = {}  # info JSON → mismatch reason (None: same)
@@ -343,8 +350,9 @@ def _build_agents(
                 raise StoreError(f"{where}: agent {agent_id!r}: unknown kind {kind!r}")
             agent_rows = [r[1:] for r in by_agent.get(agent_id, ())]
             notes, embeddings, readable = decode_rows(
-                where, agent_id, agent_rows, hint="the other agents are served"
-            )
+                where, agent_id, agent_rows, hint="the other agents are served",
+                embeddings=pre.get(agent_id, []) if agent_id in pre or not agent_rows else None,
+            )  # fmt: skip
             if info not in verdicts:
                 meta = json.loads(info)
                 stored = meta.get("embedder")

@@ -182,9 +182,15 @@ def align_embeddings(
 
 
 def decode_rows(
-    where: str, agent: str, rows: Sequence[Sequence[Any]], *, hint: str
+    where: str,
+    agent: str,
+    rows: Sequence[Sequence[Any]],
+    *,
+    hint: str,
+    embeddings: Sequence[MemoryEmbedding | None] | None = None,
 ) -> tuple[list[MemoryNote], list[MemoryEmbedding | None], dict[MemoryId, str]]:
-    """Verifies and parses note rows ``(id, pos, note, rid, emb, sha)``.
+    """Verifies and parses note rows ``(id, pos, note, rid, emb, sha)`` (``embeddings``: the
+    rows' blobs already decoded, e.g. a whole bank's at once).
 
     Raises:
         StoreError: naming the note whose checksum, JSON or embedding is bad.
@@ -210,6 +216,8 @@ def decode_rows(
         notes.append(note)
         if rid is not None:
             readable[note.id] = rid
+    if embeddings is not None:
+        return notes, list(embeddings), readable
     blobs = [r[4] for r in rows]
     try:
         embeddings = decode_embeddings(blobs)

@@ -222,7 +222,7 @@ def test_requests_in_flight_over_the_cap_are_503_json() -> None:
 
     class Slow:
         state = None
-        routes: list = []
+        routes = ()
 
         async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
             await asyncio.sleep(0.2)
