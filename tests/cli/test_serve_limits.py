@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import socket
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -246,3 +247,30 @@ def test_requests_in_flight_over_the_cap_are_503_json() -> None:
     assert sorted(code for code, _ in results) == [200, 200, 503]
     assert any("in flight" in body.get("error", "") for _, body in results)
     assert guard.in_flight == 0
+
+
+def test_serve_reuses_the_banks_recorded_embedder(tmp_path: Path) -> None:
+    import argparse
+
+    from soulmem_torch.cli._errors import CLIError
+    from soulmem_torch.cli.serve import _bank_embedder
+    from soulmem_torch.embedding import HashingEmbedder
+    from soulmem_torch.embedding.identity import embedder_from_spec
+
+    bank = MemoryBank(embedder=embedder_from_spec("hashing"))
+    bank.add_agent("npc-0", sample_notes(list(range(3))))
+    bank.save(tmp_path)
+    args = argparse.Namespace(embedder=None, bank_dir=str(tmp_path))
+    assert isinstance(_bank_embedder(args), HashingEmbedder)
+    args.embedder = "hashing"
+    assert isinstance(_bank_embedder(args), HashingEmbedder)
+    with sqlite3.connect(tmp_path / "bank.sqlite3") as conn:  # a recorded code spec
+        (gen, written, info) = conn.execute("SELECT gen, written_at, info FROM versions").fetchone()
+        data = json.loads(info)
+        data["embedder"]["spec"] = "my_pkg.embedders:make"
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        conn.execute("UPDATE versions SET info = ?, sha = ?",
+                     (text, _db.version_digest(gen, written, text)))  # fmt: skip
+    args.embedder = None
+    with pytest.raises(CLIError, match="pass --embedder my_pkg.embedders:make"):
+        _bank_embedder(args)
