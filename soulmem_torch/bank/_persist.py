@@ -100,6 +100,8 @@ def write_agents(
     deleted) — :meth:`MemoryBank.save`.
     """
     db = bank_db(path)
+    if not getattr(bank, "_served", False):
+        _check_not_served(Path(path))
     if (Path(path) / "store.sqlite3").exists():
         raise StoreError(
             f"path: {str(path)!r} holds a memory store, not a bank; save the bank elsewhere"
@@ -179,6 +181,27 @@ def write_agents(
         )  # fmt: skip
         db.commit_version(conn, "*", info=info, keep_versions=1, gen=gen)
     return gen
+
+
+def _check_not_served(root: Path) -> None:
+    """Refuses a write from outside a running ``soulmem serve`` of this directory: its bank
+    in memory would not see it, and its next writes could undo it."""
+    import filelock
+
+    from soulmem_torch.store import StoreLockedError
+
+    lock_path = root / "SERVE.lock"
+    if not lock_path.exists():
+        return
+    lock = filelock.FileLock(lock_path, thread_local=False, is_singleton=False)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        raise StoreLockedError(
+            f"{root}: a soulmem serve is serving this bank; write through its HTTP API (POST "
+            "/agents/{id}/notes), or stop it first"
+        ) from None
+    lock.release()
 
 
 def _migrate_legacy(bank: Any, root: Path, conn: Any) -> None:

@@ -199,6 +199,7 @@ def create_app(
     try:
         if bank is None:
             bank = _open_bank(root, embedder, device, on_embedder_mismatch)
+        bank._served = held is not None  # its writes hold the directory's SERVE.lock
     except BaseException:
         if held is not None:
             held.release()

@@ -274,3 +274,15 @@ def test_serve_reuses_the_banks_recorded_embedder(tmp_path: Path) -> None:
     args.embedder = None
     with pytest.raises(CLIError, match="pass --embedder my_pkg.embedders:make"):
         _bank_embedder(args)
+
+
+def test_a_bank_write_from_outside_the_running_server_is_refused(bank_dir: Path) -> None:
+    from soulmem_torch.store import StoreLockedError
+
+    outsider = MemoryBank.load(bank_dir)
+    with _client(bank_dir) as client:
+        with pytest.raises(StoreLockedError, match="soulmem serve is serving this bank"):
+            outsider.save(bank_dir)
+        r = client.post("/agents/npc-0/notes", json={"notes": [_serde("through the API")]})
+        assert r.status_code == 200
+    outsider.save(bank_dir)  # the server is gone: allowed again
