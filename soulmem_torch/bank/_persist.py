@@ -129,8 +129,16 @@ def write_agents(
         _migrate_legacy(bank, Path(path), conn)
         top = conn.execute("SELECT MAX(gen) FROM versions").fetchone()[0]
         gen = 1 + (top or 0)
-        positions = dict(conn.execute("SELECT agent, pos FROM agents").fetchall())
-        nxt = 1 + max(positions.values(), default=-1)
+        if replace_all:
+            positions = dict(conn.execute("SELECT agent, pos FROM agents").fetchall())
+        else:  # only the written agents' rows: the cost of a write does not grow with the bank
+            positions = {}
+            for a in agent_ids:
+                row = conn.execute("SELECT pos FROM agents WHERE agent = ?", (a,)).fetchone()
+                if row is not None:
+                    positions[a] = row[0]
+        top_pos = conn.execute("SELECT MAX(pos) FROM agents").fetchone()[0]
+        nxt = 1 + (-1 if top_pos is None else int(top_pos))
         if replace_all:
             gone = [a for a in positions if a not in bank._agents]
             for a in gone:
