@@ -69,10 +69,8 @@ def note_label(note: MemoryNote, *, width: int = 60) -> str:
         text = mt.narrative
     elif isinstance(mt, AbstractSituation):
         leaf = mt.leaf
-        text = (
-            getattr(leaf, "name", None)
-            or getattr(leaf, "action", None)
-            or getattr(leaf, "atmosphere", "")
+        text = getattr(leaf, "name", None) or getattr(leaf, "action", None) or getattr(
+            leaf, "atmosphere", ""
         )
         text = f"{mt.kind}: {text}"
     elif isinstance(mt, ProcMemory):
