@@ -431,14 +431,30 @@ class SoulMem:
         mem._origin = (Path(path).resolve(), contents.version)
         return mem
 
-    def save(self, path: str | Path) -> dict[str, Any]:
+    def save(
+        self,
+        path: str | Path,
+        *,
+        overwrite: bool = False,
+        keep_versions: int | None = None,
+    ) -> dict[str, Any]:
         """Writes notes, embeddings, readable ids and the embedder's identity to a store
-        directory (atomically, under the store's writer lock).
+        directory, as one transaction that writes only the notes that changed since the
+        store's live version (under the store's writer lock).
+
+        Args:
+            path: the store directory (created when missing).
+            overwrite: replace a store that holds *another* memory (one this memory was not
+                loaded from or saved to). Without it that is refused with
+                ``StoreExistsError`` and nothing is written; with it the store's previous
+                contents stay restorable (``soulmem versions`` / ``soulmem restore``).
+            keep_versions: versions the store's change log keeps (``None`` →
+                ``$SOULMEM_KEEP_VERSIONS`` or 50).
 
         Saving back to the store this memory was loaded from fails with ``StoreChangedError``
         (nothing written) if another writer saved a version in between.
         """
-        return self._save_with(path)
+        return self._save_with(path, overwrite=overwrite, keep_versions=keep_versions)
 
     def _save_with(
         self,
@@ -447,13 +463,18 @@ class SoulMem:
         extra: list[tuple[MemoryNote, Any]] | None = None,
         plasticity_done: bool = False,
         consolidated: bool = False,
+        *,
+        overwrite: bool = False,
+        keep_versions: int | None = None,
     ) -> dict[str, Any]:
         """:meth:`save`, with some notes replaced by (changed) copies and extra embedded notes
         appended — how a plasticity update or a consolidation persists before it applies."""
         from soulmem_torch.embedding.identity import embedder_identity
         from soulmem_torch.runtime.records import records_to_json
-        from soulmem_torch.store import MemoryStore
+        from soulmem_torch.store import MemoryStore, StoreExistsError
 
+        if not isinstance(overwrite, bool):
+            raise ValidationError(f"overwrite: expected True or False, found {overwrite!r}")
         records = records_to_json(self.working_memory)
         if plasticity_done:  # saved with the update's values: nothing left pending
             records["plasticity_pending"] = False
@@ -466,18 +487,29 @@ class SoulMem:
         for note, embedding in extra or ():
             notes.append(note)
             embeddings.append(embedding)
-        store = MemoryStore(path)
+        store = MemoryStore(path, keep_versions=keep_versions)
         target = Path(path).resolve()
-        base: Any = self._origin[1] if self._origin and self._origin[0] == target else ...
-        manifest = store.save(
-            notes,
-            embeddings,
-            readable_ids=self.readable_ids or None,
-            embedder_name=type(self.embedder).__name__,
-            embedder_identity=embedder_identity(self.embedder),
-            base_version=base,
-            records=records,
-        )
+        ours = self._origin is not None and self._origin[0] == target
+        base: Any = self._origin[1] if ours else ...
+        with store.lock():
+            if not ours and not overwrite and store.exists():
+                held = store.count()
+                if held:
+                    raise StoreExistsError(
+                        f"{path}: already holds another memory ({held} notes, version "
+                        f"{store.current_version()}); nothing was written — pass "
+                        "overwrite=True to replace it (its notes stay restorable with "
+                        f"`soulmem restore {path} VERSION`), or SoulMem.load it and add to it"
+                    )
+            manifest = store.save(
+                notes,
+                embeddings,
+                readable_ids=self.readable_ids or None,
+                embedder_name=type(self.embedder).__name__,
+                embedder_identity=embedder_identity(self.embedder),
+                base_version=base,
+                records=records,
+            )
         self._origin = (target, store.last_version)
         return manifest
 

@@ -1,4 +1,6 @@
-"""The memory store: round trips, atomic writes, and clear errors on damaged stores."""
+"""The legacy directory store (format 1, ``DirectoryStore``): round trips, atomic writes, and
+clear errors on damaged stores. It is still read, and migrated into SQLite by the first write
+(``tests/store/test_sqlite_store.py`` holds the same guarantees for the SQLite store)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import soulmem_torch.store as store_mod
+import soulmem_torch.store._legacy as store_mod
 from soulmem_torch.embedding.fields import FIELD_NAMES, EmbeddedMemoryNote, MemoryEmbedding
 from soulmem_torch.errors import StoreError, ValidationError
 from soulmem_torch.model import (
@@ -45,10 +47,10 @@ from soulmem_torch.store import (
     NOTES_FILE,
     PENDING_FILE,
     READABLE_IDS_FILE,
-    MemoryStore,
     pack_embeddings,
     unpack_embeddings,
 )
+from soulmem_torch.store import DirectoryStore as MemoryStore
 from tests.conftest import fixture_path
 
 T0 = datetime(2026, 3, 1, 9, 30, tzinfo=timezone.utc)

@@ -245,11 +245,15 @@ def agent_routes(
         agent, ref = request.path_params["agent"], request.path_params["note"]
 
         def write(b: Any) -> dict[str, Any]:
+            from soulmem_torch.bank._persist import durable
+
             mem = b.agent(agent)
             mid = mem.id_of(ref)
-            mem.working_memory.remove_node(mid)  # the bank sees the new snapshot at its next call
-            mem.readable_ids.pop(mid, None)
-            b.save_agent(root, agent)  # persisted (atomically) before the reply
+            # one transaction before the reply; on a failed write the agent is put back as on disk
+            with durable(b, root, agent):
+                mem.working_memory.remove_node(mid)  # the bank sees it at its next call
+                mem.readable_ids.pop(mid, None)
+                b._dirty = True
             return {"agent": agent, "removed": str(mid), "notes": len(b.agent(agent))}
 
         return json_response(await retriever.call(write))
@@ -317,9 +321,14 @@ def agent_routes(
                     [e.embedding for e in mem.cluster],
                 )
                 mem = trial
-            report = asyncio.run(mem.forget(now=now, llm=None))
-            if not dry_run and report.written:
-                b.save_agent(root, agent)
+            if dry_run:
+                report = asyncio.run(mem.forget(now=now, llm=None))
+            else:
+                from soulmem_torch.bank._persist import durable
+
+                with durable(b, root, agent):  # persisted, or put back as on disk
+                    report = asyncio.run(mem.forget(now=now, llm=None))
+                    b._dirty = True
             return {
                 "agent": agent,
                 "now": str(now),

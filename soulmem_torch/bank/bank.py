@@ -24,18 +24,14 @@ per-agent work for the others; a full concatenation when more than a quarter cha
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from functools import wraps
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from soulmem_torch.errors import ConfigError, NotFoundError, StoreError, ValidationError
+from soulmem_torch.errors import ConfigError, NotFoundError, ValidationError
 from soulmem_torch.model import MemoryId, MemoryNote
 
 __all__ = ["MemoryBank"]
@@ -116,6 +112,10 @@ class MemoryBank:
         self._union_snapshots: list[Any] = []
         self._dirty = True
         self._lock = threading.RLock()
+        self.damaged: dict[str, str] = {}
+        """Agents :meth:`load` could not load (id → why); writes to them are refused."""
+        self.reembedded: str | None = None
+        """Set by :meth:`load` when stored vectors came from another embedder."""
 
     # -- building ------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -660,119 +660,110 @@ class MemoryBank:
         return dict(zip(ids, reports))
 
     # -- persistence ---------------------------------------------------------------------------
-    def _manifest(self) -> dict[str, Any]:
-        return {
-            "format": BANK_FORMAT,
-            "version": BANK_VERSION,
-            "embedder": type(self.embedder).__name__,
-            "agents": [
-                {
-                    "id": a,
-                    "dir": _agent_dir(a),
-                    "kind": "notes" if self._agents[a].mem is not None else "graph",
-                }
-                for a in self._order
-            ],
-        }
+    def _unregister(self, agent_id: str) -> None:
+        if agent_id not in self._agents:
+            return
+        del self._agents[agent_id]
+        self._order.remove(agent_id)
+        self._position = {a: p for p, a in enumerate(self._order)}
+        self._union = None
+        self._union_snapshots = []
+        self._dirty = True
+
+    def _replace(self, agent_id: str, agent: _Agent) -> None:
+        self._agents[agent_id] = agent
+        self._dirty = True
 
     @_locked
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Writes every agent (a ``MemoryStore`` each, atomic) and then the manifest (atomic)."""
+        """Writes every agent into ``path/bank.sqlite3`` in one transaction (only the rows
+        that changed); agents the database holds that this bank does not are removed."""
+        from soulmem_torch.bank._persist import write_agents
+
         root = Path(path)
-        root.mkdir(parents=True, exist_ok=True)
-        for a in self._order:
-            self._save_agent_files(root, a)
-        self._write_manifest(root)
+        write_agents(self, root, list(self._order), replace_all=True)
         return root
 
     @_locked
-    def save_agent(self, path: str | os.PathLike[str], agent_id: str) -> Path:
-        """Persists one agent (and the manifest) into an existing bank directory."""
+    def save_agent(
+        self,
+        path: str | os.PathLike[str],
+        agent_id: str,
+        *,
+        changed: Iterable[MemoryId] | None = None,
+    ) -> Path:
+        """Persists one agent in one transaction: the rows of ``changed`` notes only when
+        given (a write that costs the change, not the bank), else the agent's changed rows."""
+        from soulmem_torch.bank._persist import write_agents
+
+        self._get(agent_id)
         root = Path(path)
-        root.mkdir(parents=True, exist_ok=True)
-        self._save_agent_files(root, agent_id)
-        self._write_manifest(root)
+        write_agents(
+            self, root, [agent_id], changed=None if changed is None else {agent_id: changed}
+        )
         return root
 
-    def _save_agent_files(self, root: Path, agent_id: str) -> None:
-        agent = self._get(agent_id)
-        target = root / _agent_dir(agent_id)
-        if agent.mem is not None:
-            agent.mem.save(target)
-            return
-        target.mkdir(parents=True, exist_ok=True)
-        g = agent.graph
-        payload = {
-            key: getattr(g, key)
-            for key in (
-                "edge_index", "edge_kind", "node_type", "intensity", "confidence", "prob",
-                "tag_emb", "tag_mask", "field_emb", "field_mask", "create_time_ns",
-                "retrieval_count",
-            )
-        }  # fmt: skip
-        payload["ids"] = [str(i) for i in g.ids]
-        _atomic_write(target / "graph.pt", lambda fh: torch.save(payload, fh))
+    @_locked
+    def write_notes(
+        self,
+        path: str | os.PathLike[str],
+        agent_id: str,
+        notes: Iterable[MemoryNote],
+        *,
+        readable_ids: dict[MemoryId, str] | None = None,
+    ) -> tuple[int, int]:
+        """Adds notes to an agent (creating it when absent) and persists exactly that change
+        in one transaction before returning ``(added, total)``.
 
-    def _write_manifest(self, root: Path) -> None:
-        data = json.dumps(self._manifest(), ensure_ascii=False, indent=1).encode("utf-8")
-        _atomic_write(root / MANIFEST, lambda fh: fh.write(data))
+        Everything is validated first (note types, text that cannot be stored as UTF-8, the
+        agent id); if embedding, the change or the write fails, the agent is put back as it
+        is on disk (a new agent is dropped) and the error propagates: memory and disk stay
+        as they were.
+        """
+        from soulmem_torch.bank._persist import check_agent_text, durable
+        from soulmem_torch.store._store import check_notes, check_utf8
+
+        agent_id = _check_agent_id(agent_id)
+        check_agent_text(agent_id)
+        notes, _ = check_notes(notes)
+        for i, note in enumerate(notes):
+            check_utf8(note.to_json(), f"notes[{i}] ({note.id})")
+        if agent_id in self.damaged:
+            from soulmem_torch.bank._persist import DamagedAgentError
+
+            raise DamagedAgentError(
+                f"agent {agent_id!r}: its stored rows are damaged ({self.damaged[agent_id]}); "
+                "writes to it are refused so nothing more is lost"
+            )
+        with durable(self, path, agent_id, changed=[n.id for n in notes]):
+            if agent_id in self._agents:
+                added = self.add_notes(agent_id, notes, readable_ids=readable_ids)
+            else:
+                self.add_agent(agent_id, notes, readable_ids=readable_ids)
+                added = len(notes)
+        return added, len(self.agent(agent_id))
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike[str], *, embedder: Any = None, device: Any = None
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        embedder: Any = None,
+        device: Any = None,
+        on_damaged: str = "warn",
+        on_embedder_mismatch: str = "reembed",
     ) -> MemoryBank:
-        """A bank saved by :meth:`save`."""
-        from soulmem_torch.api import SoulMem
-        from soulmem_torch.graph import MemoryGraph
+        """A bank saved by :meth:`save` (``bank.sqlite3``, or a legacy ``bank.json``
+        directory).
 
-        root = Path(path)
-        manifest_path = root / MANIFEST
-        try:
-            manifest = json.loads(manifest_path.read_text("utf-8"))
-        except FileNotFoundError:
-            raise StoreError(f"path: {str(root)!r} holds no bank ({MANIFEST} is missing)") from None
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"path: cannot read {str(manifest_path)!r}: {exc}") from None
-        if not isinstance(manifest, dict) or manifest.get("format") != BANK_FORMAT:
-            raise StoreError(f"path: {str(manifest_path)!r} is not a {BANK_FORMAT} manifest")
-        if manifest.get("version") != BANK_VERSION:
-            raise StoreError(
-                f"path: bank format version {manifest.get('version')!r}; expected {BANK_VERSION}"
-            )
-        bank = cls(embedder=embedder, device=device)
-        for entry in manifest.get("agents", []):
-            agent_id, kind = entry["id"], entry.get("kind", "notes")
-            target = root / entry["dir"]
-            if kind == "graph":
-                payload = torch.load(target / "graph.pt", weights_only=True)
-                ids = [MemoryId(i) for i in payload.pop("ids")]
-                ei = payload.pop("edge_index")
-                graph = MemoryGraph.from_tensors(
-                    ei, num_nodes=int(payload["node_type"].shape[0]), ids=ids,
-                    **{k: v for k, v in payload.items() if v is not None},
-                )  # fmt: skip
-                bank.add_agent_graph(agent_id, graph)
-            else:
-                mem = SoulMem.load(
-                    target, embedder=bank.embedder, device=bank.device,
-                    window_capacity=bank.window_capacity,
-                )  # fmt: skip
-                bank._register(_check_agent_id(agent_id), _Agent(mem=mem))
-        return bank
+        Every agent is verified on its own: one whose rows are damaged is left out and named
+        (``on_damaged="warn"``: a ``DamagedAgentWarning``; :attr:`damaged` maps it to the
+        reason) and the others are served; ``"raise"`` refuses the bank instead. Stored
+        vectors are reused only when they come from ``embedder`` (compared by identity, as
+        ``SoulMem.load``); otherwise that agent is re-embedded (``on_embedder_mismatch=
+        "reembed"``, :attr:`reembedded` says why) or the load refused (``"refuse"``).
+        """
+        from soulmem_torch.bank._persist import load_bank
 
-
-def _atomic_write(path: Path, write: Any) -> None:
-    """Writes to a temporary file in the same directory, fsyncs, then renames over ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        return load_bank(cls, path, embedder=embedder, device=device, on_damaged=on_damaged,
+                         on_embedder_mismatch=on_embedder_mismatch)  # fmt: skip

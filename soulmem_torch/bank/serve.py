@@ -1,7 +1,10 @@
 """The HTTP JSON API of ``soulmem serve``: a :class:`MemoryBank` behind a
 :class:`BatchingRetriever`, on Starlette (ASGI) + uvicorn (``pip install soulmem_torch[serve]``).
 
-Routes (JSON in, JSON out; errors are ``{"error": "..."}`` with 400 / 404 / 422):
+Routes (JSON in, JSON out; every error is ``{"error": "..."}``: 400 malformed body, 404 unknown
+agent, 409 a damaged agent, 413 a body / text / batch over the limits, 422 invalid values, 429
+the queue is full, 503 the server's own trouble — a full disk, too many connections, the agent
+cap — and 500 anything unexpected):
 
 ``GET /health``
     ``{"status": "ok", "agents": n, "notes": n, "queued": n, "answered": n, "batches": n}``
@@ -15,14 +18,21 @@ Routes (JSON in, JSON out; errors are ``{"error": "..."}`` with 400 / 404 / 422)
     "notes": n, "ids": [...]}``; a note is a plain ``{"text": "I like tea", "kind": "semantic",
     "tags": [...], "name": "sem_tea", "link_to": "...", "verb": "..."}`` (the fields of
     ``SoulMem.remember``) or a ``MemoryNote`` in the serde shape; ``names`` (optional) names
-    serde notes. Creates the agent if absent (an empty list never does: 422); the agent is
-    persisted to the bank directory before the reply (each agent a ``MemoryStore``, written
-    atomically; then the manifest, atomically).
+    serde notes. Creates the agent if absent (an empty list never does: 422). The write is validated
+    completely first (note shapes, text that cannot be stored as UTF-8, the limits), then
+    applied and persisted as one SQLite transaction touching only those notes' rows
+    (``BANK_DIR/bank.sqlite3``) before the reply; if anything fails the agent is put back as
+    it is on disk — a refused note is never served nor persisted later.
 
 The agent routes (``GET /agents``, ``GET /agents/{id}``, reading and deleting notes,
 ``POST /agents/{id}/turns``, ``POST /agents/{id}/forget``) are in
 :mod:`soulmem_torch.bank._http`. A field a route does not know is refused (422); an unknown
 route or method answers a JSON error too (404 / 405).
+
+Limits (:class:`ServerLimits`, ``soulmem serve --max-body-bytes`` …): request body 8 MiB, a
+question or a note's JSON 20,000 characters, 1,000 notes per write, 100,000 agents, idle
+connections closed after 15 s, 512 concurrent connections. One server per bank directory: a
+second one is refused (an OS lock on ``BANK_DIR/SERVE.lock``).
 
 A result is ``{"association": [{"id", "name", "score"}], "action": [...], "seeds": [...],
 "short_history": [...], "short_mem": "...", "priority": n}``. Concurrent requests are answered
@@ -37,12 +47,90 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from soulmem_torch.errors import NotFoundError, SoulMemError, StoreError, ValidationError
 
-__all__ = ["check_bank_dir", "create_app", "result_json", "run_server"]
+__all__ = ["SERVE_LOCK", "ServerBusyError", "ServerLimits", "check_bank_dir", "create_app",
+           "result_json", "run_server"]  # fmt: skip
+
+SERVE_LOCK = "SERVE.lock"
+
+
+class ServerBusyError(StoreError):
+    """Another ``soulmem serve`` already serves this bank directory."""
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request and the server may take (every field ≥ 1).
+
+    Attributes:
+        max_body_bytes: a request body (413 beyond).
+        max_text_chars: an ``/ask`` question, or one note's serde JSON (413 beyond).
+        max_batch: notes in one write (413 beyond).
+        max_agents: agents in the bank; a write that would create one more is 503.
+        idle_timeout_s: a connection that sends nothing for this long is closed (also before
+            its first request).
+        max_connections: open connections (and requests in flight); beyond, 503.
+    """
+
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_text_chars: int = 20_000
+    max_batch: int = 1_000
+    max_agents: int = 100_000
+    idle_timeout_s: float = 15.0
+    max_connections: int = 512
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+                if f.name == "idle_timeout_s" and isinstance(value, (int, float)) and value > 0:
+                    continue
+                raise ValidationError(f"limits.{f.name}: expected a number ≥ 1, found {value!r}")
+
+
+class _TooLarge(Exception):
+    """A body, text or batch over the limits (413)."""
+
+
+class _Unavailable(Exception):
+    """The server cannot take this request now (503)."""
+
+
+def _lock_bank_dir(root: Path) -> Any:
+    import filelock
+
+    root.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(root / SERVE_LOCK, thread_local=False, is_singleton=False)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        raise ServerBusyError(
+            f"{root}: another soulmem serve is serving this bank (it holds {root / SERVE_LOCK}); "
+            "two servers on one bank would overwrite each other's writes — stop the other one "
+            "or serve another directory"
+        ) from None
+    return lock
+
+
+def _open_bank(root: Path, embedder: Any, device: Any, on_mismatch: str) -> Any:
+    from soulmem_torch.bank._persist import BANK_DB, LEGACY_MANIFEST
+    from soulmem_torch.bank.bank import MemoryBank
+
+    if (root / BANK_DB).exists() or (root / LEGACY_MANIFEST).exists() or (root / "agents").is_dir():
+        return MemoryBank.load(
+            root, embedder=embedder, device=device, on_embedder_mismatch=on_mismatch
+        )
+    if (root / "store.sqlite3").exists() or (root / "CURRENT").exists():
+        raise StoreError(
+            f"{root}: holds a memory store, not a bank; serve a bank directory (an empty or new "
+            "directory starts an empty bank)"
+        )
+    return MemoryBank(embedder=embedder, device=device)
 
 
 def _missing_extra(exc: ImportError) -> SoulMemError:
@@ -85,6 +173,10 @@ def create_app(
     idle_after: float = 0.0,
     idle_interval: float = 0.0,
     idle_llm: Any = None,
+    embedder: Any = None,
+    on_embedder_mismatch: str = "reembed",
+    limits: ServerLimits | None = None,
+    lock: bool = True,
 ) -> Any:
     """The Starlette app serving the bank stored in ``bank_dir``.
 
@@ -102,6 +194,12 @@ def create_app(
             every agent whose summary is not empty), persisting to ``bank_dir`` first;
             requests that arrive meanwhile wait in the queue.
         idle_llm: the consolidation LLM ``(system, user) -> str``; ``None``: plasticity only.
+        embedder: the bank's embedder (``None`` → the offline ``HashingEmbedder``); stored
+            vectors of another embedder are re-embedded (``on_embedder_mismatch="reembed"``)
+            or refused (``"refuse"``).
+        limits: :class:`ServerLimits` (``None`` → the defaults).
+        lock: hold ``bank_dir/SERVE.lock`` while the app lives (a second server on the same
+            directory raises :class:`ServerBusyError`); released at shutdown.
     """
     try:
         from starlette.applications import Starlette
@@ -111,17 +209,24 @@ def create_app(
     except ImportError as exc:  # pragma: no cover - the extra is installed in CI
         raise _missing_extra(exc) from None
     from soulmem_torch.bank._http import agent_routes, build_notes, check_fields, parse_note_items
-    from soulmem_torch.bank.bank import MANIFEST, MemoryBank
+    from soulmem_torch.bank._persist import DamagedAgentError
     from soulmem_torch.bank.batching import BatchingRetriever
+    from soulmem_torch.store import StoreLockedError, StoreWriteError
 
+    limits = ServerLimits() if limits is None else limits
+    if not isinstance(limits, ServerLimits):
+        raise ValidationError(f"limits: expected a ServerLimits, found {type(limits).__name__}")
     root = Path(bank_dir)
     check_bank_dir(root)
-    if bank is None:
-        bank = (
-            MemoryBank.load(root, device=device)
-            if (root / MANIFEST).exists()
-            else MemoryBank(device=device)
-        )
+    held = _lock_bank_dir(root) if lock else None
+    try:
+        if bank is None:
+            bank = _open_bank(root, embedder, device, on_embedder_mismatch)
+        bank._served = held is not None  # its writes hold the directory's SERVE.lock
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
     retriever = BatchingRetriever(
         bank, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, config=config
     )
@@ -159,8 +264,19 @@ def create_app(
         return JSONResponse({"error": message}, status_code=status)
 
     async def body(request: Request) -> dict[str, Any]:
+        cap = limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cap:
+            raise _TooLarge(f"body: {declared} bytes, more than the limit of {cap} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise _TooLarge(f"body: more than the limit of {cap} bytes")
+            chunks.append(chunk)
         try:
-            data = await request.json()
+            data = json.loads(b"".join(chunks))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise _BadRequest(f"body: expected JSON, found invalid text ({exc})") from None
         if not isinstance(data, dict):
@@ -178,12 +294,24 @@ def create_app(
             return await handler(request)
         except _BadRequest as exc:
             return error(400, str(exc))
+        except _TooLarge as exc:
+            return error(413, str(exc))
+        except _Unavailable as exc:
+            return error(503, str(exc))
         except NotFoundError as exc:
             return error(404, str(exc.args[0]) if exc.args else str(exc))
         except ValidationError as exc:
             return error(422, str(exc))
+        except DamagedAgentError as exc:
+            return error(409, str(exc))
+        except (StoreWriteError, StoreLockedError) as exc:
+            return error(503, f"the server could not store the write: {exc}")
+        except StoreError as exc:
+            return error(500, f"the server's stored data is damaged: {exc}")
         except SoulMemError as exc:
             return error(400, str(exc))
+        except Exception as exc:  # never a bare 500 page
+            return error(500, f"internal error ({type(exc).__name__}: {exc})")
 
     async def health(request: Request) -> Any:
         stats = retriever.stats
@@ -208,6 +336,10 @@ def create_app(
         check_fields(data, ("agent", "text", "all"), "body")
         agent = field(data, "agent", str, "an agent id (string)")
         text = field(data, "text", str, "a question (string)")
+        if len(text) > limits.max_text_chars:
+            raise _TooLarge(
+                f"body.text: {len(text)} characters, more than the limit of {limits.max_text_chars}"
+            )
         every = data.get("all", False)
         if not isinstance(every, bool):
             raise ValidationError(f"body.all: expected true or false, found {every!r}")
@@ -238,6 +370,10 @@ def create_app(
         data = await body(request)
         check_fields(data, ("notes", "names"), "body")
         raw = field(data, "notes", list, "a list of notes ({text, ...} or serde MemoryNote)")
+        if len(raw) > limits.max_batch:
+            raise _TooLarge(
+                f"body.notes: {len(raw)} notes, more than the limit of {limits.max_batch} per write"
+            )
         names_raw = data.get("names", {})
         if not isinstance(names_raw, dict) or not all(
             isinstance(v, str) and v for v in names_raw.values()
@@ -251,8 +387,20 @@ def create_app(
                     f"body.notes: empty; agent {agent!r} does not exist and an empty write "
                     "creates no agent"
                 )
+            if agent not in b and len(b) >= limits.max_agents:
+                raise _Unavailable(
+                    f"the bank holds {len(b)} agents, the limit (--max-agents); agent "
+                    f"{agent!r} was not created"
+                )
             mem = b.agent(agent) if agent in b else None
             notes, names = build_notes(items, mem)
+            for i, note in enumerate(notes):
+                size = len(note.to_json())
+                if size > limits.max_text_chars:
+                    raise _TooLarge(
+                        f"body.notes[{i}]: {size} characters of JSON, more than the limit of "
+                        f"{limits.max_text_chars}"
+                    )
             by_id = {str(n.id): n.id for n in notes}
             taken = {n: mid for mid, n in (mem.readable_ids if mem is not None else {}).items()}
             for key, name in names_raw.items():
@@ -261,13 +409,9 @@ def create_app(
                 if taken.get(name, by_id[key]) != by_id[key] or name in names.values():
                     raise ValidationError(f"body.names: {name!r} already names another note")
                 names[by_id[key]] = name
-            if agent in b:
-                added = b.add_notes(agent, notes, readable_ids=names)
-            else:
-                b.add_agent(agent, notes, readable_ids=names)
-                added = len(notes)
-            b.save_agent(root, agent)  # persisted (atomically) before the reply
-            return added, len(b.agent(agent)), [str(n.id) for n in notes]
+            # validated, applied and persisted as one transaction; rolled back on failure
+            added, total = b.write_notes(root, agent, notes, readable_ids=names or None)
+            return added, total, [str(n.id) for n in notes]
 
         added, total, ids = await retriever.call(write)
         return JSONResponse({"agent": agent, "added": added, "notes": total, "ids": ids})
@@ -288,6 +432,8 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await idle
             await retriever.aclose()
+            if held is not None:
+                held.release()
 
     def route(path: str, handler: Any, methods: list[str]) -> Any:
         async def endpoint(request: Request) -> Any:
@@ -307,7 +453,7 @@ def create_app(
     extra = agent_routes(
         bank=bank, retriever=retriever, root=root, body=body, json_response=JSONResponse
     )
-    app = Starlette(
+    starlette_app = Starlette(
         routes=[
             route("/health", health, ["GET"]),
             route("/ask", ask, ["POST"]),
@@ -318,9 +464,69 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={404: http_error, 405: http_error},
     )
-    app.state.bank = bank
-    app.state.retriever = retriever
+    app = _Guard(starlette_app, limits.max_connections)
+    starlette_app.state.bank = bank
+    starlette_app.state.retriever = retriever
+    starlette_app.state.limits = limits
+    starlette_app.state.release = held.release if held is not None else (lambda: None)
     return app
+
+
+class _Guard:
+    """The ASGI app with a cap on requests in flight (503 JSON beyond) and a JSON 404 / 405
+    for what Starlette would answer in plain text."""
+
+    def __init__(self, app: Any, max_in_flight: int) -> None:
+        self.app = app
+        self.state = app.state
+        self.routes = app.routes
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.max_in_flight:
+            await _send_json(send, 503, {"error": f"the server is at its limit of "
+                                                  f"{self.max_in_flight} requests in flight; "
+                                                  "retry shortly"})  # fmt: skip
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+async def _send_json(send: Any, status: int, data: dict[str, Any]) -> None:
+    payload = json.dumps(data).encode("utf-8")
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+        (b"connection", b"close"), (b"retry-after", b"1"),
+    ]})  # fmt: skip
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+async def _json_service_unavailable(scope: Any, receive: Any, send: Any) -> None:
+    await _send_json(send, 503, {"error": "too many open connections; retry shortly"})
+
+
+def _idle_protocol() -> Any:
+    """uvicorn's h11 protocol, with the idle timer armed from the moment a connection opens
+    (uvicorn arms it only after a first response, so silent connections stayed forever)."""
+    from uvicorn.protocols.http import h11_impl
+
+    h11_impl.service_unavailable = _json_service_unavailable  # the connection cap's 503: JSON
+
+    class IdleTimeoutH11(h11_impl.H11Protocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    return IdleTimeoutH11
 
 
 class _BadRequest(Exception):
@@ -329,24 +535,26 @@ class _BadRequest(Exception):
 
 def check_bank_dir(root: Path) -> None:
     """Refuses a path that is neither a bank directory nor empty / missing (a store, a file)."""
-    from soulmem_torch.bank.bank import MANIFEST
+    from soulmem_torch.bank._persist import BANK_DB, LEGACY_MANIFEST
 
     if not root.exists():
         return
     if not root.is_dir():
         raise StoreError(f"bank_dir: {str(root)!r} is a file, expected a bank directory")
-    if (root / MANIFEST).exists():
+    if (root / BANK_DB).exists() or (root / LEGACY_MANIFEST).exists() or (root / "agents").is_dir():
         return
-    entries = sorted(p.name for p in root.iterdir())
+    entries = sorted(p.name for p in root.iterdir() if p.name not in (SERVE_LOCK,))
     if entries:
         what = (
             "a memory store (serve a bank: MemoryBank.save(dir), or POST its notes to a new "
             "bank directory)"
-            if (root / "CURRENT").exists() or (root / "LOCK").exists()
+            if (root / "store.sqlite3").exists()
+            or (root / "CURRENT").exists()
+            or (root / "LOCK").exists()
             else f"{len(entries)} other entries ({', '.join(entries[:3])})"
         )
         raise StoreError(
-            f"bank_dir: {str(root)!r} holds no bank ({MANIFEST} is missing) but {what}; give a "
+            f"bank_dir: {str(root)!r} holds no bank ({BANK_DB} is missing) but {what}; give a "
             "bank directory, an empty directory or a new path"
         )
 
@@ -370,6 +578,7 @@ def run_server(
         raise _missing_extra(exc) from None
     import socket
 
+    limits = options.get("limits") or ServerLimits()
     app = create_app(bank_dir, **options)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -378,9 +587,19 @@ def run_server(
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
+        app.state.release()
         raise SoulMemError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound = sock.getsockname()[1]  # the real port (for --port 0: the one the system chose)
     if announce is not None:
         announce(host, bound)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
-    server.run(sockets=[sock])
+    try:
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app, log_level=log_level, http=_idle_protocol(),
+                timeout_keep_alive=limits.idle_timeout_s,
+                limit_concurrency=limits.max_connections,
+            )
+        )  # fmt: skip
+        server.run(sockets=[sock])
+    finally:
+        app.state.release()

@@ -302,8 +302,9 @@ def _add_locked(
     mem.readable_ids.update(known_names)
     version = None
     if fresh:
-        mem.save(store)
-        version = MemoryStore(store).current_version()
+        from soulmem_torch.cli._store import save_new_notes
+
+        version = save_new_notes(mem, store, fresh)["version"]
     rows = [
         {
             "id": str(n.id),

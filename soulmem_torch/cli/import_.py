@@ -69,12 +69,17 @@ def _import_locked(
     embeddings = _embed_with_progress(fresh, mem.embedder, progress=_show_progress(args))
     mem.working_memory.add_nodes(fresh, embeddings)
     mem.readable_ids.update({mid: rid for mid, rid in readable.items() if mid not in known})
-    manifest = mem.save(store)
+    if merge:
+        from soulmem_torch.cli._store import save_new_notes
+
+        manifest = save_new_notes(mem, store, fresh)
+    else:  # a new store, or --replace: the whole memory (the old notes stay restorable)
+        manifest = mem.save(store, overwrite=True)
     n_links = sum(len(n.mem_links) for n in notes)
     _emit(
         f"imported {len(notes)} notes ({n_links} links, {fmt} format) from {args.file} into "
         f"{store}: {len(fresh)} new, {len(notes) - len(fresh)} already present; the store now "
-        f"holds {manifest['counts']['notes']} notes (version {MemoryStore(store).current_version()}"
+        f"holds {manifest['counts']['notes']} notes (version {manifest.get('version')}"
         f", {time.perf_counter() - t0:.2f} s)"
     )
     if manifest["counts"].get("pending_links"):

@@ -7,6 +7,7 @@ from typing import Any
 
 from soulmem_torch.cli._args import common_parent, config_parent, device_parent
 from soulmem_torch.cli._errors import EXIT_OK, CLIError
+from soulmem_torch.cli._store import embedder_parent
 
 
 def _port(text: str) -> int:
@@ -61,41 +62,95 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    from soulmem_torch.bank.serve import ServerLimits
+    from soulmem_torch.errors import SoulMemError
+
+    try:
+        limits = ServerLimits(
+            max_body_bytes=args.max_body_bytes, max_text_chars=args.max_text_chars,
+            max_batch=args.max_notes, max_agents=args.max_agents,
+            idle_timeout_s=args.idle_timeout, max_connections=args.max_connections,
+        )  # fmt: skip
+    except SoulMemError as exc:
+        raise CLIError(str(exc)) from None
+    embedder = _bank_embedder(args)
 
     def announce(host: str, port: int) -> None:
         if not getattr(args, "quiet", False):
             print(f"soulmem serve: {args.bank_dir} on http://{host}:{port}", flush=True)
 
-    run_server(
-        args.bank_dir,
-        host=args.host,
-        port=args.port,
-        device=args.device,
-        config=config,
-        max_batch=args.max_batch,
-        max_wait_ms=args.max_wait_ms,
-        max_queue=args.max_queue,
-        log_level=args.log_level,
-        idle_after=args.idle_after,
-        idle_interval=args.idle_interval,
-        idle_llm=idle_llm,
-        announce=announce,
-    )
+    try:
+        run_server(
+            args.bank_dir,
+            host=args.host,
+            port=args.port,
+            device=args.device,
+            config=config,
+            max_batch=args.max_batch,
+            max_wait_ms=args.max_wait_ms,
+            max_queue=args.max_queue,
+            log_level=args.log_level,
+            embedder=embedder,
+            on_embedder_mismatch=args.on_embedder_mismatch,
+            limits=limits,
+            idle_after=args.idle_after,
+            idle_interval=args.idle_interval,
+            idle_llm=idle_llm,
+            announce=announce,
+        )
+    except SoulMemError as exc:
+        raise CLIError(str(exc)) from None
     return EXIT_OK
+
+
+def _bank_embedder(args: argparse.Namespace) -> Any:
+    """``--embedder``, else the one the bank recorded (a safe spec), else hashing."""
+    from pathlib import Path
+
+    from soulmem_torch.embedding.identity import embedder_from_spec, stored_spec_is_safe
+
+    spec = args.embedder
+    if spec is None:
+        recorded = _recorded_bank_spec(Path(args.bank_dir))
+        if recorded is not None and not stored_spec_is_safe(recorded):
+            raise CLIError(
+                f"bank {args.bank_dir} was embedded with --embedder {recorded}; pass --embedder "
+                f"{recorded} to use it again (a bank never imports code by itself), or name "
+                "another embedder to re-embed the notes"
+            )
+        spec = recorded
+    return embedder_from_spec(spec or "hashing")
+
+
+def _recorded_bank_spec(root: Any) -> str | None:
+    from soulmem_torch.bank._persist import bank_db
+    from soulmem_torch.errors import StoreError
+
+    db = bank_db(root)
+    if not db.exists():
+        return None
+    try:
+        with db.read() as conn:
+            latest = db.latest(conn)
+    except StoreError:
+        return None  # the load reports it
+    identity = None if latest is None else latest[2].get("embedder")
+    spec = identity.get("spec") if isinstance(identity, dict) else None
+    return spec if isinstance(spec, str) else None
 
 
 def add_parser(sub: Any) -> None:
     """Registers ``soulmem serve``."""
     p = sub.add_parser(
         "serve",
-        parents=[common_parent(), device_parent(), config_parent()],
+        parents=[common_parent(), device_parent(), config_parent(), embedder_parent()],
         help="serve a memory bank (many agents) over HTTP",
         description="An HTTP JSON API over a MemoryBank directory: POST /ask, POST /query, "
         "GET /agents, GET /agents/{id}, POST /agents/{id}/notes (plain {text} notes or serde "
-        "notes, persisted atomically), GET / DELETE /agents/{id}/notes/{note}, POST "
+        "notes, validated, then persisted as one SQLite transaction before the reply), GET / DELETE /agents/{id}/notes/{note}, POST "
         "/agents/{id}/turns, POST /agents/{id}/forget, GET /health; errors are JSON. "
-        "Concurrent requests are answered in micro-batches (one bank call each). Needs the "
-        "'serve' extra.",
+        "Concurrent requests are answered in micro-batches (one bank call each). One server "
+        "per bank directory. Needs the 'serve' extra.",
     )
     p.add_argument(
         "bank_dir",
@@ -112,6 +167,39 @@ def add_parser(sub: Any) -> None:
         "--max-wait-ms", type=_positive(float), default=2.0, help="batch gathering window (ms)"
     )
     p.add_argument("--max-queue", type=_positive(int), default=4096, help="queue bound")
+    p.add_argument(
+        "--max-body-bytes",
+        type=_positive(int),
+        default=8 * 1024 * 1024,
+        help="largest request body (8 MiB; 413 beyond)",
+    )
+    p.add_argument(
+        "--max-text-chars",
+        type=_positive(int),
+        default=20_000,
+        help="longest question or note JSON (20000 characters; 413 beyond)",
+    )
+    p.add_argument(
+        "--max-notes", type=_positive(int), default=1_000, help="notes per write (1000; 413 beyond)"
+    )
+    p.add_argument(
+        "--max-agents",
+        type=_positive(int),
+        default=100_000,
+        help="agents in the bank (100000; a write creating one more is 503)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=_positive(float),
+        default=15.0,
+        help="seconds before a silent connection is closed (15)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=_positive(int),
+        default=512,
+        help="open connections / requests in flight (512; 503 beyond)",
+    )
     p.add_argument(
         "--threads",
         type=_positive(int),

@@ -84,10 +84,10 @@ def add_parser(sub: Any) -> None:
         "versions",
         parents=[common_parent()],
         help="list a store's versions (note counts, dates, whether each verifies)",
-        description="Lists every version directory of STORE, newest first: its note count, "
-        "when it was written, the embedder of its vectors and whether every file verifies "
-        "(sizes and sha256). Works on a store whose CURRENT pointer is damaged; pick a valid "
-        "version and `soulmem restore STORE VERSION` to make it live.",
+        description="Lists every version STORE keeps (its change log; $SOULMEM_KEEP_VERSIONS, "
+        "default 50), newest first: its note count, when it was written, the embedder of its "
+        "vectors and whether every row of it verifies (checksums). Works on a damaged store; "
+        "pick a valid version and `soulmem restore STORE VERSION` to make it live again.",
     )
     p.add_argument("store", metavar="STORE", help="store directory")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")

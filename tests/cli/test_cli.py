@@ -75,9 +75,15 @@ def fails(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> s
 
 
 def live_notes_bytes(store: Path) -> bytes:
-    """The live version's notes.jsonl, read directly from disk."""
-    current = (store / "CURRENT").read_text().strip()
-    return (store / "versions" / current / "notes.jsonl").read_bytes()
+    """The live notes' rows (id, JSON, embedding, checksum), read directly from the database."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{store / 'store.sqlite3'}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT id, note, emb, sha FROM notes ORDER BY pos").fetchall()
+    finally:
+        conn.close()
+    return repr(rows).encode()
 
 
 @pytest.fixture(scope="module")
@@ -294,13 +300,13 @@ def test_query_cuda_unavailable(sample_store: Path) -> None:
 
 
 def test_corrupt_store(store_copy: Path) -> None:
-    current = (store_copy / "CURRENT").read_text().strip()
-    notes = store_copy / "versions" / current / "notes.jsonl"
-    data = bytearray(notes.read_bytes())
-    data[10] ^= 0x20
-    notes.write_bytes(bytes(data))
-    fails(soulmem("query", store_copy, "hi"), 1, "notes.jsonl", "corrupted")
-    fails(soulmem("export", store_copy, store_copy.parent / "x.jsonl"), 1, "notes.jsonl")
+    db = store_copy / "store.sqlite3"  # one flipped bit inside a stored note, on disk
+    data = bytearray(db.read_bytes())
+    at = data.index(b'"create_time":"2') + len(b'"create_time":"')
+    data[at] ^= 0x01
+    db.write_bytes(bytes(data))
+    fails(soulmem("query", store_copy, "hi"), 1, "checksum mismatch", "note")
+    fails(soulmem("export", store_copy, store_copy.parent / "x.jsonl"), 1, "checksum mismatch")
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
@@ -456,8 +462,7 @@ def test_forget_killed_by_its_llm_leaves_the_store_intact(store_copy: Path, tmp_
     )
     assert proc.returncode == 3
     assert MemoryStore(store_copy).current_version() == version
-    contents = MemoryStore(store_copy).load()
-    assert "".join(n.to_json() + "\n" for n in contents.notes).encode() == before
+    assert live_notes_bytes(store_copy) == before
 
 
 def test_forget_killed_mid_save_leaves_the_previous_version(
@@ -471,18 +476,18 @@ def test_forget_killed_mid_save_leaves_the_previous_version(
         """
         import os
 
-        import soulmem_torch.store as store
+        from soulmem_torch.store import _db
 
-        _write_file = store._write_file
+        _digest = _db.NoteRow.digest
+        calls = []
 
-        def _half_then_die(path, data):
-            if path.name == "notes.jsonl":  # half of the new notes file, then the process dies
-                with open(path, "wb") as fh:
-                    fh.write(data[: len(data) // 2])
+        def _half_then_die(self, agent):
+            calls.append(1)  # the process dies half-way through inserting the new rows
+            if len(calls) == 20:
                 os._exit(3)
-            _write_file(path, data)
+            return _digest(self, agent)
 
-        store._write_file = _half_then_die
+        _db.NoteRow.digest = _half_then_die
 
         async def complete(system, user):
             return user.removeprefix("Masked text: ").replace("[masked]", "?")
@@ -490,15 +495,13 @@ def test_forget_killed_mid_save_leaves_the_previous_version(
     )
     proc = soulmem("forget", store_copy, "--days", "1", "--llm", f"{llm_file}:complete")
     assert proc.returncode == 3, proc.stderr
-    assert list((store_copy / "versions").glob(".tmp-*"))  # the crashed writer's leftovers
     store = MemoryStore(store_copy)
     assert store.current_version() == version
+    assert live_notes_bytes(store_copy) == before  # the open transaction left nothing
     contents = store.load()
-    assert "".join(n.to_json() + "\n" for n in contents.notes).encode() == before
     assert len(contents.readable_ids) == 77
-    # the next save cleans up and succeeds
+    # the next save is not blocked and succeeds
     store.save(contents.notes, contents.embeddings, readable_ids=contents.readable_ids)
-    assert not list((store_copy / "versions").glob(".tmp-*"))
     assert MemoryStore(store_copy).load().notes[0].to_json() == contents.notes[0].to_json()
 
 

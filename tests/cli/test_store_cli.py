@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from soulmem_torch.cli import main
-from soulmem_torch.store import MemoryStore
+from soulmem_torch.store import DirectoryStore, MemoryStore
 from tests.conftest import REPO
 from tests.store._helpers import note, notes
 
@@ -55,9 +55,11 @@ def _line(i: int, **changes: object) -> str:
 
 # ---- subprocess: the recovery path end to end ----------------------------------------------
 def test_damaged_store_versions_restore(tmp_path: Path) -> None:
+    """A legacy directory store whose CURRENT pointer is damaged (the SQLite store's damage
+    cases are in test_sqlite_store_cli)."""
     store = tmp_path / "s"
-    MemoryStore(store).save(notes(0, 2))
-    MemoryStore(store).save(notes(0, 3))
+    DirectoryStore(store).save(notes(0, 2))
+    DirectoryStore(store).save(notes(0, 3))
     names = [v.name for v in MemoryStore(store).versions()]
     (store / "CURRENT").write_text(names[1][:-1] + "0\n" if names[1][-1] != "0" else "g9\n")
     extra = _jsonl(tmp_path / "more.jsonl", [_line(7)])
@@ -98,12 +100,14 @@ def test_versions_and_restore_bad_input(tmp_path: Path, capsys: pytest.CaptureFi
     MemoryStore(store).save(notes(0, 2))
     code, _, err = run(capsys, "restore", store, "g000042")
     assert code == 1
-    one_error(err, "version 'g000042' matches no version; versions on disk: g000001-")
-    live = store / "versions" / MemoryStore(store).current_version() / "notes.jsonl"
-    live.write_bytes(live.read_bytes()[:-5])
+    one_error(err, "version 'g000042' matches no kept version; versions kept: g000001")
+    import sqlite3
+
+    with sqlite3.connect(store / "store.sqlite3") as conn:  # a flipped byte in a stored note
+        conn.execute("UPDATE notes SET note = replace(note, 'concept', 'c0ncept')")
     code, _, err = run(capsys, "restore", store, "1")
     assert code == 1
-    one_error(err, "cannot restore g000001-", "truncated or corrupted")
+    one_error(err, "cannot restore g000001", "checksum mismatch")
     code, out, _ = run(capsys, "versions", store, "--json")
     assert code == 0
     data = json.loads(out)
@@ -241,7 +245,7 @@ def test_forget_uses_the_stores_embedder(tmp_path: Path, capsys: pytest.CaptureF
 RACING_LLM = textwrap.dedent(
     """
     import os
-    from soulmem_torch.store import MemoryStore
+    from soulmem_torch.store import DirectoryStore, MemoryStore
     done = []
 
     async def complete(system, user):

@@ -5,8 +5,8 @@
 * ``kill -9`` of an importer at random moments → the store holds exactly the notes of some
   whole number of imports (the previous or the new version, never a mix), the next writer is
   not blocked (the OS dropped the dead writer's lock) and cleans the leftovers;
-* ``kill -9`` exactly between writing a version and swapping ``CURRENT``, and exactly at the
-  swap → the previous version stays live and the next save cleans up.
+* ``kill -9`` in the middle of a write transaction (half the rows inserted) and just before
+  its ``COMMIT`` → the previous version stays live, the next save is not blocked.
 """
 
 from __future__ import annotations
@@ -100,29 +100,34 @@ def test_kill_9_during_imports_leaves_a_whole_version(tmp_path: Path) -> None:
         assert ids in prefixes, f"round {round_}: {len(ids)} notes, not a whole number of imports"
         # the next writer is not blocked by the dead one and cleans its leftovers
         MemoryStore(store, lock_timeout=5).save(contents.notes, contents.embeddings)
-        assert not list((store / "versions").glob(".tmp-*"))
-        assert not list(store.glob("CURRENT.tmp-*"))
 
 
 KILL_AT = """
 import os, signal, sys
-import soulmem_torch.store as store_mod
+from soulmem_torch.store import MemoryStore, _db
 from tests.store._helpers import notes
 where = sys.argv[2]
-real_replace = os.replace
-def dying_replace(src, dst):
-    if where == "before-swap" and os.path.basename(str(dst)) == "CURRENT":
+if where == "mid-rows":  # SIGKILL while the rows are being inserted
+    calls = []
+    real_digest = _db.NoteRow.digest
+    def dying_digest(self, agent):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_digest(self, agent)
+    _db.NoteRow.digest = dying_digest
+else:  # SIGKILL after every row and the version row, just before COMMIT
+    real_commit = _db.Database.commit_version
+    def dying_commit(self, *args, **kwargs):
+        real_commit(self, *args, **kwargs)
         os.kill(os.getpid(), signal.SIGKILL)
-    real_replace(src, dst)
-    if where == "after-rename" and "/versions/g" in str(dst):
-        os.kill(os.getpid(), signal.SIGKILL)
-store_mod.os.replace = dying_replace
-store_mod.MemoryStore(sys.argv[1]).save(notes(0, 5))
+    _db.Database.commit_version = dying_commit
+MemoryStore(sys.argv[1]).save(notes(0, 5))
 """
 
 
 def test_kill_9_at_the_commit_point_keeps_the_previous_version(tmp_path: Path) -> None:
-    for where in ("after-rename", "before-swap"):
+    for where in ("mid-rows", "before-commit"):
         store_path = tmp_path / where
         store = MemoryStore(store_path, keep_versions=1, lock_timeout=5)
         store.save([note(0)])
@@ -134,10 +139,8 @@ def test_kill_9_at_the_commit_point_keeps_the_previous_version(tmp_path: Path) -
         assert proc.returncode == -signal.SIGKILL, proc.stderr
         assert store.current_version() == live
         assert [n.id for n in store.load().notes] == [note(0).id]
-        store.save([note(0), note(1)])  # not blocked; leftovers removed
-        names = {p.name for p in (store_path / "versions").iterdir()}
-        assert names == {store.current_version()}, where
-        assert not list(store_path.glob("CURRENT.tmp-*"))
+        store.save([note(0), note(1)])  # not blocked by the dead writer
+        assert len(store.load().notes) == 2, where
 
 
 ADDER = """

@@ -24,7 +24,7 @@ from soulmem_torch.embedding.identity import (
     parse_embedder_spec,
 )
 from soulmem_torch.errors import StoreError, ValidationError
-from soulmem_torch.store import MANIFEST_FILE, MemoryStore, manifest_checksum
+from soulmem_torch.store import MANIFEST_FILE, DirectoryStore, MemoryStore, manifest_checksum
 from tests.store._helpers import notes
 
 
@@ -134,8 +134,18 @@ def test_refuse_names_both_identities(tmp_path: Path) -> None:
         SoulMem.load(tmp_path, embedder=HashingEmbedder(64), on_embedder_mismatch="mix")
 
 
+def _directory_store(path: Path, embedder: object) -> None:
+    """A store in the legacy directory format (still read; migrated by the first write)."""
+    from soulmem_torch.embedding import embed_notes
+    from soulmem_torch.embedding.identity import embedder_identity
+
+    ns = notes(0, 6)
+    DirectoryStore(path).save(ns, embed_notes(ns, embedder), embedder_name=type(embedder).__name__,
+                              embedder_identity=embedder_identity(embedder))  # fmt: skip
+
+
 def _make_legacy(path: Path) -> None:
-    store = MemoryStore(path)
+    store = DirectoryStore(path)
     mpath = path / "versions" / store.current_version() / MANIFEST_FILE
     data = json.loads(mpath.read_text(encoding="utf-8"))
     data.pop("embedder")
@@ -144,7 +154,7 @@ def _make_legacy(path: Path) -> None:
 
 
 def test_legacy_store_is_trusted_only_for_the_same_class_and_width(tmp_path: Path) -> None:
-    _store(tmp_path, HashingEmbedder(64))
+    _directory_store(tmp_path, HashingEmbedder(64))
     _make_legacy(tmp_path)
     mem = SoulMem.load(tmp_path, embedder=HashingEmbedder(64))
     assert mem.reembedded is None  # what older versions did: same class name, same width
@@ -154,8 +164,8 @@ def test_legacy_store_is_trusted_only_for_the_same_class_and_width(tmp_path: Pat
 
 
 def test_corrupt_identity_in_the_manifest_is_a_store_error(tmp_path: Path) -> None:
-    _store(tmp_path, HashingEmbedder(64))
-    store = MemoryStore(tmp_path)
+    _directory_store(tmp_path, HashingEmbedder(64))
+    store = MemoryStore(tmp_path)  # reads the legacy directory format
     mpath = tmp_path / "versions" / store.current_version() / MANIFEST_FILE
     data = json.loads(mpath.read_text(encoding="utf-8"))
     data["embedder"]["dim"] = "wide"

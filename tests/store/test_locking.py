@@ -17,6 +17,7 @@ from soulmem_torch import SoulMem
 from soulmem_torch.embedding import HashingEmbedder
 from soulmem_torch.errors import StoreError, ValidationError
 from soulmem_torch.store import (
+    DirectoryStore,
     MemoryStore,
     StoreChangedError,
     StoreLockedError,
@@ -177,7 +178,9 @@ def test_readers_see_whole_versions_while_a_writer_prunes(tmp_path: Path) -> Non
 def test_load_retries_when_the_version_vanishes_under_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Deterministic version of the race above: the first read hits a pruned version."""
+    """Deterministic version of the race above (the legacy directory format): the first read
+    hits a pruned version."""
+    MemoryStore = DirectoryStore
     store = MemoryStore(tmp_path, keep_versions=1)
     store.save(notes(0, 1))
     real = MemoryStore._load_version
@@ -195,7 +198,7 @@ def test_load_retries_when_the_version_vanishes_under_it(
 
 
 def test_bad_store_damage_is_not_retried_forever(tmp_path: Path) -> None:
-    store = MemoryStore(tmp_path)
+    store = DirectoryStore(tmp_path)  # the legacy directory format
     store.save(notes(0, 2))
     vdir = tmp_path / "versions" / store.current_version()
     os.remove(vdir / "notes.jsonl")

@@ -1,4 +1,4 @@
-"""A damaged pointer is refused (never taken for an empty store), versions are listed and a
+"""The legacy directory store (``DirectoryStore``, still read and migrated): a damaged pointer is refused (never taken for an empty store), versions are listed and a
 verified one restored; the manifest's own checksum is verified; legacy manifests still load."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from soulmem_torch.errors import StoreError
 from soulmem_torch.store import (
     MANIFEST_FILE,
     NOTES_FILE,
-    MemoryStore,
     StoreDamagedError,
     manifest_checksum,
 )
+from soulmem_torch.store import DirectoryStore as MemoryStore
 from tests.store._helpers import notes
 
 

@@ -1,6 +1,8 @@
-"""A directory store for memory notes, their embeddings and readable ids: atomic and checksummed.
+"""The legacy directory store (format 1): read by :class:`soulmem_torch.store.MemoryStore`,
+which migrates it into its SQLite database on the first write.
 
-Layout of a store directory::
+This was the storage engine of soulmem_torch before the SQLite store; it is kept whole so that
+old stores open (and so tests can write one). Layout of a legacy store directory::
 
     <root>/
       CURRENT                         one line: the name of the live version directory
@@ -73,7 +75,7 @@ Example:
     >>> note = MemoryNote.build(SemMemory(content="latte", aliases=["拿铁"],
     ...                                   concept_type="Entity", description="coffee"))
     >>> emb = MemoryEmbedding(tag=torch.ones(4), fields={"content": torch.zeros(4)})
-    >>> store = MemoryStore(tempfile.mkdtemp())
+    >>> store = DirectoryStore(tempfile.mkdtemp())
     >>> manifest = store.save([note], [emb], readable_ids={note.id: "sem_latte"})
     >>> back = store.load()
     >>> back.notes[0].to_json() == note.to_json(), back.readable_ids[note.id]
@@ -122,7 +124,7 @@ __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
     "FORMAT_NAME",
     "FORMAT_VERSION",
-    "MemoryStore",
+    "DirectoryStore",
     "StoreChangedError",
     "StoreContents",
     "StoreDamagedError",
@@ -465,7 +467,7 @@ def _pending_links(
 
 
 # ---- the store -----------------------------------------------------------------------------
-class MemoryStore:
+class DirectoryStore:
     """A memory store directory (see the module docstring for layout and guarantees).
 
     Args:
@@ -507,11 +509,11 @@ class MemoryStore:
         """The version the last :meth:`save` through this object committed."""
 
     def __repr__(self) -> str:
-        return f"MemoryStore({str(self.path)!r})"
+        return f"DirectoryStore({str(self.path)!r})"
 
     # -- locking --------------------------------------------------------------------------
     @contextlib.contextmanager
-    def lock(self, timeout: float | None = None) -> Iterator[MemoryStore]:
+    def lock(self, timeout: float | None = None) -> Iterator[DirectoryStore]:
         """Holds the store's exclusive writer lock (re-entrant within a thread).
 
         Hold it around read → change → :meth:`save` so the change extends the newest version;

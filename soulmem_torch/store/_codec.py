@@ -1,0 +1,293 @@
+"""Encodings of the SQLite store's blobs and the per-row checksums.
+
+**Embedding blob** (one per embedded note; ``NULL`` for a note without one)::
+
+    b"SE" | version u8 = 2 | dtype code u8 | D u32 | field bitmask u64 | layout u8 | count u32
+    dense:  count = rows × D values
+    sparse: count positions (u16, or u32 past 65,535 values) | count values
+
+The rows are the tag vector, then the note's *present* fields in ``FIELD_NAMES`` order (the bit
+``FIELD_INDEX[name]`` of the mask is set for each). Values are kept in their own dtype, bit for
+bit (float32 for every built-in embedder; compared as bit patterns, so ``-0.0`` survives),
+little-endian; sparse (the nonzero values and their flat positions) whenever that is smaller:
+the offline ``HashingEmbedder``'s vectors are ~98 % zeros, so a note costs well under 1 KB
+instead of 4 KB per field, and retrieval is unchanged by construction (the decoded tensors are
+equal). :func:`decode_embeddings` decodes a whole store at once (one scatter per dtype and
+width; every note's vectors are views into one buffer).
+
+**Graph blob** (a tensor-built bank agent): ``b"SG" | version u8 | header length u32 | header
+JSON | raw tensor bytes``; the header lists each tensor's dtype, shape and byte range, and the
+node ids. Nothing is unpickled.
+
+**Row checksum**: BLAKE2b-128 over the length-prefixed fields of a row (see :func:`row_digest`),
+stored beside the row and verified on every read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from soulmem_torch.embedding.fields import FIELD_INDEX, FIELD_NAMES, MemoryEmbedding
+
+__all__ = [
+    "decode_embedding",
+    "decode_graph",
+    "encode_embedding",
+    "encode_graph",
+    "row_digest",
+]
+
+_EMB_MAGIC = b"SE"
+_GRAPH_MAGIC = b"SG"
+_EMB_HEADER = struct.Struct("<2sBBIQBI")  # magic, version, dtype, D, field mask, layout, count
+_DENSE, _SPARSE16, _SPARSE32 = 0, 1, 2
+_GRAPH_HEADER = struct.Struct("<2sBI")
+
+_DTYPES: dict[int, torch.dtype] = {
+    1: torch.float32,
+    2: torch.float64,
+    3: torch.float16,
+    4: torch.bfloat16,
+}
+_CODES = {dtype: code for code, dtype in _DTYPES.items()}
+_ITEMSIZE = {code: torch.empty((), dtype=dtype).element_size() for code, dtype in _DTYPES.items()}
+_BITS = {1: torch.int32, 2: torch.int64, 3: torch.int16, 4: torch.int16}
+_NP_BITS = {2: np.int16, 4: np.int32, 8: np.int64}
+_MASK_NAMES: dict[int, list[str]] = {}
+
+
+class CodecError(ValueError):
+    """A blob that does not decode (the caller names the row)."""
+
+
+def row_digest(*parts: str | bytes | int | None) -> bytes:
+    """BLAKE2b-128 of the parts, each length-prefixed (``None`` and ``b""`` differ)."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        if part is None:
+            h.update(b"\xff" * 8)
+            continue
+        if isinstance(part, int):
+            part = str(part)
+        data = part.encode("utf-8") if isinstance(part, str) else bytes(part)
+        h.update(struct.pack("<Q", len(data)))
+        h.update(data)
+    return h.digest()
+
+
+def encode_embedding(emb: MemoryEmbedding) -> bytes:
+    """The blob of one (validated) embedding: the tag and the present fields, sparse when
+    that is smaller (the nonzero bit patterns and their flat positions), else dense."""
+    names = sorted(emb.fields, key=FIELD_INDEX.__getitem__)
+    vectors = [emb.tag.detach(), *(emb.fields[n].detach() for n in names)]
+    dtype = vectors[0].dtype
+    for v in vectors[1:]:
+        dtype = torch.promote_types(dtype, v.dtype)
+    if dtype not in _CODES:
+        dtype = torch.float32
+    code = _CODES[dtype]
+    matrix = torch.stack([v.to("cpu", dtype) for v in vectors]).contiguous()
+    mask = 0
+    for n in names:
+        mask |= 1 << FIELD_INDEX[n]
+    bits = matrix.view(_BITS[code]).flatten().numpy()  # the exact bit patterns (keeps -0.0)
+    where = np.flatnonzero(bits)
+    itemsize = _ITEMSIZE[code]
+    index_type = np.dtype("<u2") if bits.size <= 0xFFFF else np.dtype("<u4")
+    sparse = where.size * (index_type.itemsize + itemsize) < bits.size * itemsize
+    layout = (_SPARSE16 if index_type.itemsize == 2 else _SPARSE32) if sparse else _DENSE
+    header = _EMB_HEADER.pack(_EMB_MAGIC, 2, code, int(matrix.shape[1]), mask, layout,
+                              int(where.size if sparse else bits.size))  # fmt: skip
+    little = bits.astype(bits.dtype.newbyteorder("<"), copy=False)
+    if not sparse:
+        return header + little.tobytes()
+    return header + where.astype(index_type).tobytes() + little[where].tobytes()
+
+
+def decode_embedding(blob: bytes) -> MemoryEmbedding:
+    """Inverse of :func:`encode_embedding` (one blob; see :func:`decode_embeddings`).
+
+    Raises:
+        CodecError: a bad header, dtype, field mask or payload size.
+    """
+    out = decode_embeddings([blob])[0]
+    assert out is not None
+    return out
+
+
+def _header(blob: bytes) -> tuple[int, int, list[str], int, int]:
+    if len(blob) < _EMB_HEADER.size:
+        raise CodecError(f"embedding blob of {len(blob)} bytes is shorter than its header")
+    magic, version, code, dim, mask, layout, count = _EMB_HEADER.unpack_from(blob)
+    if magic != _EMB_MAGIC or version != 2:
+        raise CodecError(f"embedding blob: unknown header {magic!r} version {version}")
+    if code not in _DTYPES or dim < 1 or layout not in (_DENSE, _SPARSE16, _SPARSE32):
+        raise CodecError(f"embedding blob: bad dtype code {code}, width {dim} or layout {layout}")
+    names = _MASK_NAMES.get(mask)
+    if names is None:
+        if mask >> len(FIELD_NAMES):
+            raise CodecError(f"embedding blob: field mask {mask:#x} names unknown fields")
+        names = _MASK_NAMES[mask] = [n for n in FIELD_NAMES if mask >> FIELD_INDEX[n] & 1]
+    size = (1 + len(names)) * dim
+    itemsize = _ITEMSIZE[code]
+    width = {_DENSE: 0, _SPARSE16: 2, _SPARSE32: 4}[layout]
+    expect = _EMB_HEADER.size + count * (width + itemsize)
+    if len(blob) != expect or (layout == _DENSE and count != size) or count > size:
+        raise CodecError(
+            f"embedding blob: {len(blob)} bytes do not fit {1 + len(names)} × {dim} values "
+            f"({count} stored)"
+        )
+    return code, dim, names, layout, count
+
+
+def decode_embeddings(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None]:
+    """Decodes many blobs at once: one zero-filled buffer per (dtype, width), the stored
+    values scattered into it in one vectorized step, and each note's vectors views into it.
+
+    Raises:
+        CodecError: naming the position (in ``blobs``) of a blob that does not decode.
+    """
+    heads: list[tuple[int, int, list[str], int, int] | None] = []
+    for i, blob in enumerate(blobs):
+        if blob is None:
+            heads.append(None)
+            continue
+        try:
+            heads.append(_header(blob))
+        except CodecError as exc:
+            raise CodecError(f"blob {i}: {exc}") from None
+    out: list[MemoryEmbedding | None] = [None] * len(blobs)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, head in enumerate(heads):
+        if head is not None:
+            groups.setdefault((head[0], head[1]), []).append(i)
+    for (code, dim), members in groups.items():
+        rows = [1 + len(heads[i][2]) for i in members]  # type: ignore[index]
+        starts = np.zeros(len(members) + 1, dtype=np.int64)
+        np.cumsum(rows, out=starts[1:])
+        bits_type = np.dtype(_NP_BITS[_ITEMSIZE[code]]).newbyteorder("<")
+        flat = np.zeros(int(starts[-1]) * dim, dtype=bits_type)
+        positions: list[np.ndarray] = []
+        values: list[np.ndarray] = []
+        for k, i in enumerate(members):
+            _, _, _, layout, count = heads[i]  # type: ignore[misc]
+            blob = blobs[i]
+            base = int(starts[k]) * dim
+            if layout == _DENSE:
+                flat[base : base + count] = np.frombuffer(blob, bits_type, count, _EMB_HEADER.size)  # type: ignore[arg-type]
+                continue
+            index_type = "<u2" if layout == _SPARSE16 else "<u4"
+            width = 2 if layout == _SPARSE16 else 4
+            where = np.frombuffer(blob, index_type, count, _EMB_HEADER.size)  # type: ignore[arg-type]
+            if count and int(where.max()) >= rows[k] * dim:
+                raise CodecError(f"blob {i}: a stored position lies outside its vectors")
+            positions.append(where.astype(np.int64) + base)
+            values.append(np.frombuffer(blob, bits_type, count, _EMB_HEADER.size + count * width))  # type: ignore[arg-type]
+        if positions:
+            flat[np.concatenate(positions)] = np.concatenate(values)
+        native = flat.astype(flat.dtype.newbyteorder("="), copy=False)
+        matrix = torch.from_numpy(native).view(_DTYPES[code]).view(-1, dim)
+        vectors = matrix.unbind(0)
+        for k, i in enumerate(members):
+            lo, hi = int(starts[k]), int(starts[k + 1])
+            names = heads[i][2]  # type: ignore[index]
+            out[i] = MemoryEmbedding(tag=vectors[lo], fields=dict(zip(names, vectors[lo + 1 : hi])))
+    return out
+
+
+_GRAPH_KEYS = (
+    "edge_index", "edge_kind", "node_type", "intensity", "confidence", "prob", "tag_emb",
+    "tag_mask", "field_emb", "field_mask", "create_time_ns", "retrieval_count",
+)  # fmt: skip
+_TENSOR_DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
+              torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+}  # fmt: skip
+
+
+def encode_graph(graph: Any) -> bytes:
+    """The blob of a tensor-built ``MemoryGraph`` (its tensors and node ids)."""
+    header: dict[str, Any] = {"ids": [str(i) for i in graph.ids], "tensors": {}}
+    chunks: list[bytes] = []
+    offset = 0
+    for key in _GRAPH_KEYS:
+        value = getattr(graph, key, None)
+        if value is None:
+            continue
+        t = value.detach().to("cpu").contiguous()
+        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header["tensors"][key] = {
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "shape": list(t.shape),
+            "offset": offset,
+            "bytes": len(data),
+        }
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    return _GRAPH_HEADER.pack(_GRAPH_MAGIC, 1, len(text)) + text + b"".join(chunks)
+
+
+def decode_graph(blob: bytes) -> tuple[list[str], dict[str, torch.Tensor]]:
+    """Inverse of :func:`encode_graph`: ``(ids, tensors)``.
+
+    Raises:
+        CodecError: a bad header or a tensor that does not fit its bytes.
+    """
+    if len(blob) < _GRAPH_HEADER.size:
+        raise CodecError("graph blob is shorter than its header")
+    magic, version, length = _GRAPH_HEADER.unpack_from(blob)
+    if magic != _GRAPH_MAGIC or version != 1:
+        raise CodecError(f"graph blob: unknown header {magic!r} version {version}")
+    start = _GRAPH_HEADER.size
+    try:
+        header = json.loads(blob[start : start + length].decode("utf-8"))
+        ids = [str(i) for i in header["ids"]]
+        specs: Mapping[str, Any] = header["tensors"]
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise CodecError(f"graph blob: bad header ({exc})") from None
+    body = memoryview(blob)[start + length :]
+    out: dict[str, torch.Tensor] = {}
+    for key, spec in specs.items():
+        try:
+            dtype = _TENSOR_DTYPES[spec["dtype"]]
+            shape = [int(s) for s in spec["shape"]]
+            lo, size = int(spec["offset"]), int(spec["bytes"])
+        except (KeyError, TypeError, ValueError):
+            raise CodecError(f"graph blob: bad entry for tensor {key!r}") from None
+        if key not in _GRAPH_KEYS or lo < 0 or lo + size > len(body):
+            raise CodecError(f"graph blob: tensor {key!r} lies outside the blob")
+        numel = 1
+        for s in shape:
+            numel *= s
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if numel * itemsize != size:
+            raise CodecError(f"graph blob: tensor {key!r} {shape} {dtype} needs {numel * itemsize} "
+                             f"bytes, found {size}")  # fmt: skip
+        data = bytearray(body[lo : lo + size])
+        out[key] = (
+            torch.frombuffer(data, dtype=dtype).view(shape)
+            if size
+            else torch.empty(shape, dtype=dtype)
+        )
+    return ids, out
+
+
+def chunks_of(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
+    """Lists of at most ``size`` items (for SQL ``IN`` lists within SQLite's variable limit)."""
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

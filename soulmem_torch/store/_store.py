@@ -1,0 +1,962 @@
+"""``MemoryStore``: a memory's notes, embeddings and readable ids in one SQLite database."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import filelock
+import pydantic
+import torch
+
+from soulmem_torch import __version__
+from soulmem_torch.embedding.fields import FIELD_NAMES, MemoryEmbedding
+from soulmem_torch.embedding.identity import EmbedderIdentity
+from soulmem_torch.errors import StoreError, ValidationError
+from soulmem_torch.model._describe import describe_validation_error
+from soulmem_torch.model.ids import MemoryId
+from soulmem_torch.model.notes import MemoryNote
+from soulmem_torch.store import _legacy
+from soulmem_torch.store._codec import CodecError, decode_embeddings, encode_embedding
+from soulmem_torch.store._db import Database, NoteRow, version_name
+from soulmem_torch.store._legacy import (
+    DEFAULT_LOCK_TIMEOUT,
+    FORMAT_NAME,
+    LOCK_FILE,
+    MANIFEST_CHECKSUM_KEY,
+    DirectoryStore,
+    StoreChangedError,
+    StoreContents,
+    StoreLockedError,
+    VersionInfo,
+    _attach_pending,
+    _check_readable_ids,
+    _cluster_pending_links,
+    _pending_links,
+    manifest_checksum,
+)
+
+__all__ = ["DEFAULT_KEEP_VERSIONS", "DB_FILE", "MemoryStore", "StoreExistsError"]
+
+DB_FILE = "store.sqlite3"
+DEFAULT_KEEP_VERSIONS = 50
+"""Versions a store keeps by default (``$SOULMEM_KEEP_VERSIONS`` overrides it)."""
+STORE_FORMAT_VERSION = 2
+_AGENT = ""
+_VERSION = re.compile(r"^g?0*(\d+)(?:-[0-9a-f]{8})?$")
+
+
+class StoreExistsError(StoreError):
+    """The target store already holds another memory; nothing was written."""
+
+
+def _env_number(name: str, default: float, kind: type, what: str) -> Any:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValidationError(f"${name}: expected {what}, found {text!r}") from None
+
+
+def check_keep_versions(value: Any) -> int:
+    if value is None:
+        value = _env_number("SOULMEM_KEEP_VERSIONS", DEFAULT_KEEP_VERSIONS, int, "an int ≥ 1")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValidationError(f"keep_versions: expected an int ≥ 1, found {value!r}")
+    return int(value)
+
+
+def check_lock_timeout(value: Any) -> float:
+    if value is None:
+        value = _env_number(
+            "SOULMEM_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT, float, "a number of seconds > 0"
+        )
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool)) or not (
+        0 < value < float("inf")
+    ):
+        raise ValidationError(
+            f"lock_timeout: expected a finite number of seconds > 0, found {value!r}"
+        )
+    return float(value)
+
+
+def check_utf8(text: str, where: str) -> None:
+    """Refuses text SQLite cannot store (lone surrogates such as a cut-off emoji)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.end].encode("unicode_escape").decode("ascii")
+        raise ValidationError(
+            f"{where}: holds {bad!r} at character {exc.start}, which is not valid Unicode text "
+            "(a lone UTF-16 surrogate, e.g. half of an emoji); nothing was written"
+        ) from None
+
+
+def validate_embeddings(embeddings: Sequence[MemoryEmbedding | None]) -> int | None:
+    """Checks every embedding (tensor types, one width, finite, known fields); returns D."""
+    dim: int | None = None
+    for i, emb in enumerate(embeddings):
+        if emb is None:
+            continue
+        if not isinstance(emb, MemoryEmbedding):
+            raise ValidationError(
+                f"embeddings[{i}]: expected a MemoryEmbedding or None, found {type(emb).__name__}"
+            )
+        where = f"embeddings[{i}]"
+        for what, vec in [
+            ("tag", emb.tag),
+            *((f"fields[{k!r}]", v) for k, v in emb.fields.items()),
+        ]:
+            if not isinstance(vec, torch.Tensor):
+                raise ValidationError(
+                    f"{where}.{what}: expected a torch.Tensor, found {type(vec).__name__}"
+                )
+        emb.validate(dim=dim, where=where)
+        if dim is None:
+            dim = int(emb.tag.shape[0])
+    return dim
+
+
+def layout_of(embeddings: Sequence[MemoryEmbedding | None]) -> dict[str, Any] | None:
+    """``{"dim", "dtype", "fields", "count"}`` of the embeddings (``None`` when none)."""
+    present = [e for e in embeddings if e is not None]
+    if not present:
+        return None
+    dtype = present[0].tag.dtype
+    names: set[str] = set()
+    for e in present:
+        for v in (e.tag, *e.fields.values()):
+            if v.dtype != dtype:
+                dtype = torch.promote_types(dtype, v.dtype)
+        names.update(e.fields)
+    return {
+        "dim": int(present[0].tag.shape[0]),
+        "dtype": str(dtype).removeprefix("torch."),
+        "fields": [n for n in FIELD_NAMES if n in names],
+        "count": len(present),
+    }
+
+
+def note_rows(
+    notes: Sequence[MemoryNote],
+    embeddings: Sequence[MemoryEmbedding | None],
+    readable: Mapping[MemoryId, str],
+    positions: Sequence[int],
+) -> list[NoteRow]:
+    """The rows of validated notes (text checked for UTF-8, embeddings encoded)."""
+    rows = []
+    for i, (note, emb, pos) in enumerate(zip(notes, embeddings, positions)):
+        text = note.to_json()
+        check_utf8(text, f"notes[{i}] ({note.id})")
+        rid = readable.get(note.id)
+        if rid is not None:
+            check_utf8(rid, f"readable id of {note.id}")
+        rows.append(NoteRow(str(note.id), int(pos), text, rid,
+                            None if emb is None else encode_embedding(emb)))  # fmt: skip
+    return rows
+
+
+def check_notes(notes: Iterable[Any]) -> tuple[list[MemoryNote], dict[MemoryId, int]]:
+    notes = list(notes)
+    ids: dict[MemoryId, int] = {}
+    for i, note in enumerate(notes):
+        if not isinstance(note, MemoryNote):
+            raise ValidationError(f"notes[{i}]: expected a MemoryNote, found {type(note).__name__}")
+        if ids.setdefault(note.id, i) != i:
+            raise ValidationError(
+                f"notes[{i}]: duplicate note id {note.id} (also notes[{ids[note.id]}])"
+            )
+    return notes, ids
+
+
+def align_embeddings(
+    embeddings: Any, notes: Sequence[MemoryNote], note_ids: Mapping[MemoryId, int]
+) -> list[MemoryEmbedding | None]:
+    return DirectoryStore._align_embeddings(embeddings, notes, note_ids)
+
+
+def decode_rows(
+    where: str,
+    agent: str,
+    rows: Sequence[Sequence[Any]],
+    *,
+    hint: str,
+    embeddings: Sequence[MemoryEmbedding | None] | None = None,
+) -> tuple[list[MemoryNote], list[MemoryEmbedding | None], dict[MemoryId, str]]:
+    """Verifies and parses note rows ``(id, pos, note, rid, emb, sha)`` (``embeddings``: the
+    rows' blobs already decoded, e.g. a whole bank's at once).
+
+    Raises:
+        StoreError: naming the note whose checksum, JSON or embedding is bad.
+    """
+    notes: list[MemoryNote] = []
+    readable: dict[MemoryId, str] = {}
+    who = f"agent {agent!r}, " if agent else ""
+    for id_, pos, text, rid, emb, sha in rows:
+        row = NoteRow(id_, pos, text, rid, emb)
+        if sha != row.digest(agent):
+            raise StoreError(
+                f"{where}: {who}note {id_}: checksum mismatch — the row is corrupted and was "
+                f"not loaded; {hint}"
+            )
+        try:
+            note = MemoryNote.from_json(text)
+        except pydantic.ValidationError as exc:
+            raise StoreError(
+                f"{where}: {who}note {id_}: not a valid note ({describe_validation_error(exc)})"
+            ) from None
+        if str(note.id) != id_:
+            raise StoreError(f"{where}: {who}note {id_}: the row holds note {note.id}")
+        notes.append(note)
+        if rid is not None:
+            readable[note.id] = rid
+    if embeddings is not None:
+        return notes, list(embeddings), readable
+    blobs = [r[4] for r in rows]
+    try:
+        embeddings = decode_embeddings(blobs)
+    except CodecError:  # find and name the note
+        for (id_, *_rest), blob in zip(rows, blobs):
+            try:
+                decode_embeddings([blob])
+            except CodecError as exc:
+                raise StoreError(
+                    f"{where}: {who}note {id_}: {str(exc).removeprefix('blob 0: ')}"
+                ) from None
+        raise
+    return notes, embeddings, readable
+
+
+def counts_of(
+    notes: Sequence[MemoryNote],
+    embeddings: Sequence[MemoryEmbedding | None],
+    readable: Mapping[MemoryId, str],
+) -> dict[str, int]:
+    ids = {n.id for n in notes}
+    return {
+        "notes": len(notes),
+        "links": sum(len(n.mem_links) for n in notes),
+        "pending_links": sum(1 for n in notes for lk in n.mem_links if lk.to not in ids),
+        "embeddings": sum(e is not None for e in embeddings),
+        "readable_ids": len(readable),
+    }
+
+
+def version_info(
+    counts: Mapping[str, int],
+    layout: Mapping[str, Any] | None,
+    embedder_name: str | None,
+    embedder_identity: EmbedderIdentity | Mapping[str, Any] | None,
+    change: Mapping[str, Any],
+    *,
+    agent: str = _AGENT,
+) -> dict[str, Any]:
+    identity = (
+        embedder_identity.to_json()
+        if isinstance(embedder_identity, EmbedderIdentity)
+        else embedder_identity
+    )
+    return {
+        "agent": agent,
+        "counts": dict(counts),
+        "embedding": None if layout is None else dict(layout),
+        "embedder_name": embedder_name,
+        "embedder": None if identity is None else dict(identity),
+        "soulmem_torch_version": __version__,
+        "change": dict(change),
+    }
+
+
+def manifest_of(gen: int, written_at: str, info: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """The manifest dictionary a store reports (the shape of the legacy ``manifest.json``)."""
+    layout = info.get("embedding")
+    manifest: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "format_version": STORE_FORMAT_VERSION,
+        "engine": "sqlite",
+        "database": str(path),
+        "generation": gen,
+        "version": version_name(gen),
+        "written_at": written_at,
+        "soulmem_torch_version": info.get("soulmem_torch_version"),
+        "counts": dict(info.get("counts") or {}),
+        "embedding_dim": None if layout is None else layout.get("dim"),
+        "embedder_name": info.get("embedder_name"),
+        "embedder": info.get("embedder"),
+        "embedding": None if layout is None else dict(layout),
+        "change": dict(info.get("change") or {}),
+    }
+    manifest[MANIFEST_CHECKSUM_KEY] = manifest_checksum(manifest)
+    return manifest
+
+
+class MemoryStore:
+    """A memory store: a directory holding one SQLite database (``store.sqlite3``).
+
+    See :mod:`soulmem_torch.store` for the guarantees.
+
+    Args:
+        path: the store directory (created by the first write).
+        keep_versions: how many versions the change log keeps (≥ 1; the live one counts;
+            ``None`` → ``$SOULMEM_KEEP_VERSIONS`` or :data:`DEFAULT_KEEP_VERSIONS`, 50). A
+            version costs only the rows it replaced or removed.
+        lock_timeout: seconds a writer waits for the lock (> 0; ``None`` →
+            ``$SOULMEM_LOCK_TIMEOUT`` or 600).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        keep_versions: int | None = None,
+        lock_timeout: float | None = None,
+    ) -> None:
+        self.keep_versions = check_keep_versions(keep_versions)
+        self.lock_timeout = check_lock_timeout(lock_timeout)
+        self.path = Path(path)
+        self.db = Database(self.path / DB_FILE, kind="store", timeout=self.lock_timeout)
+        self._legacy = DirectoryStore(self.path, lock_timeout=self.lock_timeout)
+        self.last_version: str | None = None
+        """The version the last write through this object committed."""
+
+    def __repr__(self) -> str:
+        return f"MemoryStore({str(self.path)!r})"
+
+    @property
+    def database(self) -> Path:
+        """The database file."""
+        return self.db.path
+
+    # -- locking ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, timeout: float | None = None) -> Iterator[MemoryStore]:
+        """Holds the store's exclusive writer lock (re-entrant within a thread).
+
+        Hold it around read → change → write so the change extends the newest version; every
+        write takes it itself. The OS drops it when its process dies (``filelock``).
+
+        Raises:
+            StoreLockedError: another writer held it for ``timeout`` seconds.
+        """
+        wait = self.lock_timeout if timeout is None else float(timeout)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot create the store directory ({exc})") from None
+        lock_path = Path(os.path.realpath(self.path / LOCK_FILE))
+        file_lock = filelock.FileLock(lock_path, is_singleton=True)
+        try:
+            file_lock.acquire(timeout=wait)
+        except filelock.Timeout:
+            raise StoreLockedError(
+                f"{self.path}: another writer has held {lock_path} for {wait:g} s; try again "
+                "when it has finished (or raise lock_timeout / $SOULMEM_LOCK_TIMEOUT)"
+            ) from None
+        try:
+            yield self
+        finally:
+            file_lock.release()
+
+    # -- state --------------------------------------------------------------------------------
+    def is_legacy(self) -> bool:
+        """True while the store is still in the directory format (migrated on the next write)."""
+        return not self._db_live() and self._legacy.exists()
+
+    def _db_live(self) -> bool:
+        if not self.db.exists():
+            return False
+        with self.db.read() as conn:
+            return self.db.latest(conn) is not None
+
+    def exists(self) -> bool:
+        """True when there is a store here (a damaged one too); ``False`` only when absent
+        (a database whose first write never committed holds no store)."""
+        if self._legacy.exists():
+            return True
+        try:
+            return self._db_live()
+        except StoreError:
+            return True  # a damaged database: its load / save raise StoreDamagedError
+
+    def current_version(self) -> str | None:
+        """The live version's name (``g000007``), or ``None`` (no store, or a damaged one)."""
+        try:
+            return self.check()
+        except StoreError:
+            return None
+
+    def check(self) -> str | None:
+        """The live version's name; ``None`` when there is no store at all.
+
+        Raises:
+            StoreDamagedError: the database (or a legacy store's pointer) is damaged.
+        """
+        if self.db.exists():
+            with self.db.read() as conn:
+                latest = self.db.latest(conn)
+            if latest is not None:
+                return version_name(latest[0])
+        if self._legacy.exists():
+            return self._legacy.check()
+        return None
+
+    def count(self) -> int:
+        """How many notes the live version holds (0 when there is no store)."""
+        if self._db_live():
+            with self.db.read() as conn:
+                return int(conn.execute(
+                    "SELECT COUNT(*) FROM notes WHERE agent = ?", (_AGENT,)
+                ).fetchone()[0])  # fmt: skip
+        if self._legacy.exists():
+            count = self._legacy.manifest()["counts"].get("notes")
+            return int(count) if isinstance(count, int) else 0
+        return 0
+
+    def _hint(self) -> str:
+        return (
+            f"`soulmem versions {self.path}` lists the versions and `soulmem restore "
+            f"{self.path} VERSION` brings back one from before the damage"
+        )
+
+    # -- writing ------------------------------------------------------------------------------
+    def _live_locked(self) -> str | None:
+        """The live version name under the lock (a damaged legacy store raises)."""
+        if self._db_live():
+            with self.db.read() as conn:
+                return version_name(self.db.latest(conn)[0])  # type: ignore[index]
+        if self._legacy.exists():
+            return self._legacy.check()
+        return None
+
+    def _migrate(self, conn: Any) -> None:
+        """Copies a legacy store's live version into the database (same generation)."""
+        if self.db.latest(conn) is not None or not self._legacy.exists():
+            return
+        contents = self._legacy.load()  # verified; a damaged store raises, nothing written
+        gen = int(contents.manifest.get("generation") or 1)
+        rows = note_rows(contents.notes, contents.embeddings, contents.readable_ids,
+                         range(len(contents.notes)))  # fmt: skip
+        info = version_info(
+            counts_of(contents.notes, contents.embeddings, contents.readable_ids),
+            layout_of(contents.embeddings),
+            contents.manifest.get("embedder_name"),
+            contents.manifest.get("embedder"),
+            {"migrated_from": contents.version},
+        )
+        written_at = contents.manifest.get("written_at")
+        self.db.commit_version(
+            conn, _AGENT, upserts=rows, info=info, keep_versions=self.keep_versions, gen=gen,
+            written_at=written_at if isinstance(written_at, str) else None,
+        )  # fmt: skip
+
+    def save(
+        self,
+        notes: Iterable[MemoryNote],
+        embeddings: Sequence[MemoryEmbedding | None]
+        | Mapping[MemoryId, MemoryEmbedding | None]
+        | None = None,
+        *,
+        readable_ids: Mapping[MemoryId, str] | Mapping[str, MemoryId] | None = None,
+        embedder_name: str | None = None,
+        embedder_identity: EmbedderIdentity | None = None,
+        base_version: str | object | None = ...,
+        records: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Makes ``notes`` the store's whole contents, as one new version (one transaction).
+
+        Only the rows that differ are written (unchanged notes are not touched); the rows it
+        replaces or removes stay in the change log for ``keep_versions`` versions.
+
+        Args:
+            notes: the notes, in index order (unique ids).
+            embeddings: ``None``, one per note, or ``MemoryId → MemoryEmbedding | None``.
+            readable_ids: ``MemoryId → readable id`` (or the inverse), for saved notes only.
+            embedder_name / embedder_identity: recorded (checked by ``SoulMem.load``).
+            records: the working memory's retrieval records as JSON
+                (``runtime.records.records_to_json``), kept in the version's checksummed
+                ``versions.info`` row (``None``: none).
+            base_version: the version the caller's data was read from (``None``: no store).
+                When given, the save fails with :class:`StoreChangedError` if another version
+                is live by now. Omitted: the save replaces whatever is live.
+
+        Returns:
+            The manifest of the new version.
+
+        Raises:
+            ValidationError: bad arguments (nothing is written).
+            StoreDamagedError / StoreChangedError / StoreLockedError: nothing is written.
+            StoreWriteError: the disk refused the write (rolled back; nothing changed).
+        """
+        if embedder_identity is not None and not isinstance(embedder_identity, EmbedderIdentity):
+            raise ValidationError(
+                "embedder_identity: expected an EmbedderIdentity or None, found "
+                f"{type(embedder_identity).__name__}"
+            )
+        notes, note_ids = check_notes(notes)
+        per_note = align_embeddings(embeddings, notes, note_ids)
+        validate_embeddings(per_note)
+        ids = _check_readable_ids(readable_ids, note_ids)
+        layout = layout_of(per_note)
+        counts = counts_of(notes, per_note, ids)
+        candidate = note_rows(notes, per_note, ids, range(len(notes)))
+        with self.lock():
+            live = self._live_locked()
+            if base_version is not ... and base_version != live:
+                raise StoreChangedError(
+                    f"{self.path}: another writer saved version {live} after this data was "
+                    f"read from {base_version or 'an empty store'}; nothing was saved — load "
+                    "the store again and redo the change"
+                )
+            with self.db.write() as conn:
+                self._migrate(conn)
+                existing = self.db.note_digests(conn, _AGENT)
+                rows = _keep_positions(candidate, existing)
+                upserts = [
+                    r for r in rows if existing.get(r.id, (None, None))[1] != r.digest(_AGENT)
+                ]
+                keep = {r.id for r in rows}
+                deletes = [i for i in existing if i not in keep]
+                change = {"added": sum(r.id not in existing for r in upserts),
+                          "updated": sum(r.id in existing for r in upserts),
+                          "removed": len(deletes)}  # fmt: skip
+                info = version_info(counts, layout, embedder_name, embedder_identity, change)
+                if records is not None:
+                    info["records"] = dict(records)
+                latest = self.db.latest(conn)
+                if (
+                    not upserts
+                    and not deletes
+                    and latest is not None
+                    and _same_info(latest[2], info)
+                ):  # nothing changed: no new version
+                    self.last_version = version_name(latest[0])
+                    return manifest_of(*latest, self.db.path)
+                gen = self.db.commit_version(
+                    conn, _AGENT, upserts=upserts, deletes=deletes, info=info,
+                    keep_versions=self.keep_versions,
+                )  # fmt: skip
+                written_at = conn.execute(
+                    "SELECT written_at FROM versions WHERE gen = ?", (gen,)
+                ).fetchone()[0]
+        self.last_version = version_name(gen)
+        return manifest_of(gen, written_at, info, self.db.path)
+
+    def add_notes(
+        self,
+        notes: Iterable[MemoryNote],
+        embeddings: Sequence[MemoryEmbedding | None]
+        | Mapping[MemoryId, MemoryEmbedding | None]
+        | None = None,
+        *,
+        readable_ids: Mapping[MemoryId, str] | Mapping[str, MemoryId] | None = None,
+        embedder_name: str | None = None,
+        embedder_identity: EmbedderIdentity | None = None,
+        base_version: str | object | None = ...,
+    ) -> dict[str, Any]:
+        """Adds notes (or replaces the stored notes with the same ids), as one new version
+        that writes only those rows. Arguments as :meth:`save`; a note keeps its stored
+        readable id unless ``readable_ids`` gives one.
+
+        Raises:
+            ValidationError: bad arguments, a readable id that names another stored note, or
+                embeddings from another embedder than the store's (nothing is written).
+        """
+        notes, note_ids = check_notes(notes)
+        per_note = align_embeddings(embeddings, notes, note_ids)
+        dim = validate_embeddings(per_note)
+        ids = _check_readable_ids(readable_ids, note_ids)
+        rows = note_rows(notes, per_note, ids, [0] * len(notes))
+        identity = None if embedder_identity is None else embedder_identity.to_json()
+        with self.lock():
+            live = self._live_locked()
+            if base_version is not ... and base_version != live:
+                raise StoreChangedError(
+                    f"{self.path}: another writer saved version {live} after this data was "
+                    f"read from {base_version or 'an empty store'}; nothing was saved"
+                )
+            with self.db.write() as conn:
+                self._migrate(conn)
+                latest = self.db.latest(conn)
+                prev = latest[2] if latest else version_info({}, None, None, None, {})
+                layout = prev.get("embedding")
+                if dim is not None:
+                    self._check_same_embedder(prev, dim, identity, embedder_name)
+                found = {}
+                for part in _chunks([r.id for r in rows], 500):
+                    marks = ",".join("?" * len(part))
+                    found.update({
+                        i: (p, rid, emb is not None)
+                        for i, p, rid, emb in conn.execute(
+                            f"SELECT id, pos, rid, emb FROM notes WHERE agent = ? AND id IN "
+                            f"({marks})", (_AGENT, *part),
+                        )
+                    })  # fmt: skip
+                self._check_rids_free(conn, rows, ids)
+                top = conn.execute(
+                    "SELECT MAX(pos) FROM notes WHERE agent = ?", (_AGENT,)
+                ).fetchone()[0]
+                nxt = -1 if top is None else int(top)
+                placed = []
+                for r in rows:
+                    if r.id in found:
+                        pos, old_rid, _ = found[r.id]
+                        rid = r.rid if r.rid is not None else old_rid
+                    else:
+                        nxt += 1
+                        pos, rid = nxt, r.rid
+                    placed.append(NoteRow(r.id, pos, r.note, rid, r.emb))
+                counts = dict(prev.get("counts") or {})
+                old_emb = sum(v[2] for v in found.values())
+                new_emb = sum(r.emb is not None for r in placed)
+                counts["notes"] = counts.get("notes", 0) + len(placed) - len(found)
+                counts["embeddings"] = counts.get("embeddings", 0) + new_emb - old_emb
+                counts.pop("pending_links", None)
+                counts.pop("links", None)
+                counts.pop("readable_ids", None)
+                if dim is not None:
+                    new_layout = layout_of(per_note)
+                    assert new_layout is not None
+                    fields = set(new_layout["fields"]) | set((layout or {}).get("fields", []))
+                    layout = {**new_layout, "fields": [n for n in FIELD_NAMES if n in fields],
+                              "count": counts["embeddings"]}  # fmt: skip
+                elif layout is not None:
+                    layout = {**layout, "count": counts["embeddings"]}
+                info = version_info(
+                    counts, layout,
+                    embedder_name if dim is not None else prev.get("embedder_name"),
+                    identity if dim is not None and identity else prev.get("embedder"),
+                    {"added": len(placed) - len(found), "updated": len(found), "removed": 0},
+                )  # fmt: skip
+                gen = self.db.commit_version(
+                    conn, _AGENT, upserts=placed, info=info, keep_versions=self.keep_versions
+                )
+                written_at = conn.execute(
+                    "SELECT written_at FROM versions WHERE gen = ?", (gen,)
+                ).fetchone()[0]
+        self.last_version = version_name(gen)
+        return manifest_of(gen, written_at, info, self.db.path)
+
+    def remove_notes(
+        self, ids: Iterable[MemoryId | str], *, base_version: str | object | None = ...
+    ) -> dict[str, Any]:
+        """Removes notes by id, as one new version that deletes only those rows (ids not in
+        the store are ignored). Their rows stay in the change log (``restore`` brings them
+        back)."""
+        wanted = []
+        for i, mid in enumerate(ids):
+            try:
+                wanted.append(str(MemoryId(str(mid))))
+            except ValueError:
+                raise ValidationError(
+                    f"ids[{i}]: expected a note id (UUID), found {mid!r}"
+                ) from None
+        with self.lock():
+            live = self._live_locked()
+            if base_version is not ... and base_version != live:
+                raise StoreChangedError(
+                    f"{self.path}: another writer saved version {live} after this data was "
+                    f"read from {base_version or 'an empty store'}; nothing was saved"
+                )
+            if live is None:
+                raise StoreError(f"{self.path}: not a memory store (nothing saved yet?)")
+            with self.db.write() as conn:
+                self._migrate(conn)
+                latest = self.db.latest(conn)
+                assert latest is not None
+                prev = latest[2]
+                present = []
+                for part in _chunks(wanted, 500):
+                    marks = ",".join("?" * len(part))
+                    present += conn.execute(
+                        f"SELECT id, emb IS NOT NULL FROM notes WHERE agent = ? AND id IN ({marks})",
+                        (_AGENT, *part),
+                    ).fetchall()
+                counts = dict(prev.get("counts") or {})
+                counts["notes"] = counts.get("notes", 0) - len(present)
+                counts["embeddings"] = counts.get("embeddings", 0) - sum(e for _, e in present)
+                for key in ("pending_links", "links", "readable_ids"):
+                    counts.pop(key, None)
+                layout = prev.get("embedding")
+                if layout is not None:
+                    layout = (
+                        {**layout, "count": counts["embeddings"]} if counts["embeddings"] else None
+                    )
+                info = version_info(counts, layout, prev.get("embedder_name"), prev.get("embedder"),
+                                    {"added": 0, "updated": 0, "removed": len(present)})  # fmt: skip
+                gen = self.db.commit_version(
+                    conn, _AGENT, deletes=[i for i, _ in present], info=info,
+                    keep_versions=self.keep_versions,
+                )  # fmt: skip
+                written_at = conn.execute(
+                    "SELECT written_at FROM versions WHERE gen = ?", (gen,)
+                ).fetchone()[0]
+        self.last_version = version_name(gen)
+        return manifest_of(gen, written_at, info, self.db.path)
+
+    @staticmethod
+    def _check_same_embedder(
+        prev: Mapping[str, Any], dim: int, identity: Any, name: str | None
+    ) -> None:
+        layout = prev.get("embedding")
+        if layout is None or not layout.get("count"):
+            return
+        if int(layout["dim"]) != dim:
+            raise ValidationError(
+                f"embeddings: width {dim}, but the store's vectors have width {layout['dim']}; "
+                "vectors of two embedders are never mixed (re-embed with the store's embedder)"
+            )
+        stored = prev.get("embedder")
+        if identity is not None and stored is not None:
+            from soulmem_torch.embedding.identity import same_embedder
+
+            mine = EmbedderIdentity.from_json(identity)
+            theirs = EmbedderIdentity.from_json(stored)
+            if not same_embedder(theirs, prev.get("embedder_name"), int(layout["dim"]), None, mine):
+                raise ValidationError(
+                    f"embeddings: made by {mine.name}, but the store's vectors come from "
+                    f"{theirs.name}; vectors of two embedders are never mixed"
+                )
+
+    def _check_rids_free(
+        self, conn: Any, rows: Sequence[NoteRow], ids: Mapping[MemoryId, str]
+    ) -> None:
+        given = {r.rid: r.id for r in rows if r.rid is not None}
+        for part in _chunks(list(given), 500):
+            marks = ",".join("?" * len(part))
+            for mid, rid in conn.execute(
+                f"SELECT id, rid FROM notes WHERE agent = ? AND rid IN ({marks})", (_AGENT, *part)
+            ):
+                if given[rid] != mid:
+                    raise ValidationError(
+                        f"readable_ids: {rid!r} already names note {mid} in {self.path}"
+                    )
+
+    # -- reading ------------------------------------------------------------------------------
+    def load(self) -> StoreContents:
+        """Reads and verifies the live version (one consistent snapshot; takes no lock).
+
+        Raises:
+            StoreError: naming the note whose row is corrupted (checksum, JSON, embedding),
+                or the database that is damaged; a legacy store's errors as before.
+        """
+        if self.db.exists():
+            with self.db.read() as conn:
+                latest = self.db.latest(conn)
+                rows = self.db.state_rows(conn, _AGENT) if latest is not None else None
+            if latest is not None and rows is not None:
+                return self._contents(latest, rows)
+        if self._legacy.exists():
+            return self._legacy.load()
+        raise StoreError(
+            f"{self.path}: not a memory store (nothing saved yet?) — no {DB_FILE} here"
+        )
+
+    def _contents(
+        self, latest: tuple[int, str, dict[str, Any]], rows: Sequence[Any]
+    ) -> StoreContents:
+        gen, written_at, info = latest
+        notes, embeddings, readable = decode_rows(
+            str(self.db.path), _AGENT, rows, hint=self._hint()
+        )
+        full = dict(info)
+        full["counts"] = counts_of(notes, embeddings, readable)
+        layout = layout_of(embeddings)
+        full["embedding"] = layout
+        manifest = manifest_of(gen, written_at, full, self.db.path)
+        note_ids = {n.id: i for i, n in enumerate(notes)}
+        return StoreContents(
+            notes=notes,
+            embeddings=embeddings,
+            readable_ids=readable,
+            manifest=manifest,
+            pending_links=_pending_links(notes, note_ids),
+            version=version_name(gen),
+            records=info.get("records"),
+        )
+
+    def manifest(self) -> dict[str, Any]:
+        """The live version's manifest (no notes read)."""
+        if self.db.exists():
+            with self.db.read() as conn:
+                latest = self.db.latest(conn)
+            if latest is not None:
+                return manifest_of(*latest, self.db.path)
+        if self._legacy.exists():
+            return self._legacy.manifest()
+        raise StoreError(f"{self.path}: not a memory store (nothing saved yet?)")
+
+    # -- versions -------------------------------------------------------------------------------
+    def versions(self) -> list[VersionInfo]:
+        """Every kept version, oldest first, each verified (the checksums of its rows)."""
+        if not self._db_live():
+            return self._legacy.versions() if self._legacy.exists() else []
+        with self.db.read() as conn:
+            listed = []
+            for row in conn.execute("SELECT gen, written_at, info, sha FROM versions ORDER BY gen"):
+                try:
+                    listed.append((*self.db._version_row(row), None))
+                except StoreError as exc:
+                    listed.append((int(row[0]), None, None, str(exc)))
+            bad: list[tuple[int, int | None, str]] = []
+            for table, removed in (("notes", "NULL"), ("history", "removed")):
+                for id_, pos, text, rid, emb, sha, gen, rem in conn.execute(
+                    f"SELECT id, pos, note, rid, emb, sha, gen, {removed} FROM {table} "
+                    "WHERE agent = ?", (_AGENT,)
+                ):  # fmt: skip
+                    if NoteRow(id_, pos, text, rid, emb).digest(_AGENT) != sha:
+                        bad.append((gen, rem, id_))
+        live = max(g for g, *_ in listed)
+        out = []
+        for gen, written_at, info, problem in listed:
+            if problem is None:
+                hits = [i for g, rem, i in bad if g <= gen and (rem is None or rem > gen)]
+                if hits:
+                    problem = (f"note {hits[0]}: checksum mismatch (the row is corrupted)"
+                               + (f" and {len(hits) - 1} more" if len(hits) > 1 else ""))  # fmt: skip
+            embedder = None
+            if info is not None:
+                ident = info.get("embedder")
+                embedder = (
+                    ident.get("name") if isinstance(ident, dict) else info.get("embedder_name")
+                )
+            notes = None if info is None else (info.get("counts") or {}).get("notes")
+            out.append(VersionInfo(
+                name=version_name(gen), generation=gen, current=gen == live,
+                valid=problem is None, problem=problem, written_at=written_at,
+                notes=notes if isinstance(notes, int) else None, embedder=embedder,
+            ))  # fmt: skip
+        return out
+
+    def resolve_version(self, version: str | int) -> str:
+        """A version's name from its name (``g000007``), its number (``7``) or a legacy
+        directory name.
+
+        Raises:
+            StoreError: no such version (naming those kept).
+        """
+        if not self._db_live():
+            return self._legacy.resolve_version(version)
+        names = [v.name for v in self.versions()]
+        match = _VERSION.match(str(version).strip())
+        name = version_name(int(match.group(1))) if match else None
+        if name not in names:
+            listed = ", ".join(names) if names else "none"
+            raise StoreError(
+                f"{self.path}: version {version!r} matches no kept version; versions kept: {listed}"
+            )
+        return name
+
+    def restore(self, version: str | int) -> StoreContents:
+        """Makes an earlier version's notes the live ones, as a new version (so the restore
+        itself can be undone; nothing is deleted). The version is verified completely first.
+
+        Raises:
+            StoreError: no such version, or it does not verify (naming the note and problem).
+        """
+        if not self.exists():
+            raise StoreError(f"{self.path}: not a memory store (no {DB_FILE} here)")
+        with self.lock():
+            if not self._db_live():
+                return self._legacy.restore(version)
+            name = self.resolve_version(version)
+            gen = int(name[1:])
+            with self.db.write() as conn:
+                versions = {g: (w, i) for g, w, i in self.db.all_versions(conn)}
+                rows = self.db.state_rows(conn, _AGENT, gen)
+                try:
+                    notes, embeddings, readable = decode_rows(
+                        str(self.db.path), _AGENT, rows, hint="pick another version"
+                    )
+                except StoreError as exc:
+                    raise StoreError(
+                        f"cannot restore {name}: it does not verify ({exc}); pick another "
+                        f"version (`soulmem versions {self.path}`)"
+                    ) from None
+                target = [NoteRow(i, p, t, r, e) for i, p, t, r, e, _ in rows]
+                existing = self.db.note_digests(conn, _AGENT)
+                upserts = [
+                    r for r in target if existing.get(r.id, (None, None))[1] != r.digest(_AGENT)
+                ]
+                keep = {r.id for r in target}
+                deletes = [i for i in existing if i not in keep]
+                old = versions[gen][1]
+                info = version_info(
+                    counts_of(notes, embeddings, readable), layout_of(embeddings),
+                    old.get("embedder_name"), old.get("embedder"),
+                    {"added": sum(r.id not in existing for r in upserts),
+                     "updated": sum(r.id in existing for r in upserts),
+                     "removed": len(deletes), "restored_from": name},
+                )  # fmt: skip
+                new = self.db.commit_version(
+                    conn, _AGENT, upserts=upserts, deletes=deletes, info=info,
+                    keep_versions=self.keep_versions,
+                )  # fmt: skip
+            self.last_version = version_name(new)
+        return self.load()
+
+    # -- cluster helpers ------------------------------------------------------------------------
+    def save_cluster(
+        self,
+        cluster: Any,
+        *,
+        readable_ids: Mapping[MemoryId, str] | Mapping[str, MemoryId] | None = None,
+        embedder_name: str | None = None,
+        embedder_identity: EmbedderIdentity | None = None,
+        base_version: str | object | None = ...,
+    ) -> dict[str, Any]:
+        """Saves a ``MemoryCluster`` (notes and embeddings in index order; pending links that
+        are missing from their source note's ``mem_links`` are added to a copy of it)."""
+        items = list(cluster)
+        notes = _attach_pending([i.note for i in items], _cluster_pending_links(cluster))
+        return self.save(notes, [i.embedding for i in items], readable_ids=readable_ids,
+                         embedder_name=embedder_name, embedder_identity=embedder_identity,
+                         base_version=base_version)  # fmt: skip
+
+    def load_cluster(self, cluster: Any = None) -> Any:
+        """Loads the live version into ``cluster`` (default: a new ``MemoryCluster``)."""
+        return _legacy.DirectoryStore.load_cluster(self, cluster)  # type: ignore[arg-type]
+
+
+def _keep_positions(
+    rows: list[NoteRow], existing: Mapping[str, tuple[int, bytes]]
+) -> list[NoteRow]:
+    """Positions for a full save: kept notes keep theirs when their order is unchanged and new
+    notes come after them (appends and removals touch no other row); otherwise 0..N-1."""
+    last = -1
+    seen_new = False
+    for r in rows:
+        old = existing.get(r.id)
+        if old is None:
+            seen_new = True
+            continue
+        if seen_new or old[0] <= last:
+            return rows  # reordered: every row at its index
+        last = old[0]
+    top = max((p for p, _ in existing.values()), default=-1)
+    out = []
+    for r in rows:
+        old = existing.get(r.id)
+        if old is None:
+            top += 1
+            out.append(NoteRow(r.id, top, r.note, r.rid, r.emb))
+        else:
+            out.append(NoteRow(r.id, old[0], r.note, r.rid, r.emb))
+    return out
+
+
+def _same_info(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    drop = ("change", "soulmem_torch_version")
+    return {k: v for k, v in a.items() if k not in drop} == {
+        k: v for k, v in b.items() if k not in drop
+    }
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
