@@ -18,7 +18,7 @@ import contextlib
 import json
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -74,10 +74,18 @@ def _agent_info(bank: Any, kind: str, identity: dict[str, Any] | None) -> str:
     return json.dumps(info, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
-def _rows_of(mem: Any) -> list[NoteRow]:
+def _rows_of(
+    mem: Any,
+    replace: Mapping[Any, Any] | None = None,
+    extra: Sequence[tuple[Any, Any]] = (),
+) -> list[NoteRow]:
+    """The agent's note rows; ``replace``: notes written in place of the live ones (same ids),
+    ``extra``: ``(note, embedding)`` appended — a change persisted before it is applied."""
     entries = list(mem.cluster)
-    notes = [e.note for e in entries]
-    return note_rows(notes, [e.embedding for e in entries], mem.readable_ids, range(len(notes)))
+    replace = replace or {}
+    notes = [replace.get(e.note.id, e.note) for e in entries] + [n for n, _ in extra]
+    embeddings = [e.embedding for e in entries] + [x for _, x in extra]
+    return note_rows(notes, embeddings, mem.readable_ids, range(len(notes)))
 
 
 def check_agent_text(agent_id: str) -> None:
@@ -91,13 +99,16 @@ def write_agents(
     *,
     changed: dict[str, Iterable[Any]] | None = None,
     replace_all: bool = False,
+    pending: dict[str, tuple[Mapping[Any, Any], Sequence[tuple[Any, Any]]]] | None = None,
 ) -> int:
     """Persists agents in one transaction; returns the new generation.
 
     ``changed[agent]``: the ids of the only notes of that agent that changed (rows written
     for those alone); otherwise the agent's rows are diffed against the stored ones.
     ``replace_all``: the bank's agents become the database's (agents not in the bank are
-    deleted) — :meth:`MemoryBank.save`.
+    deleted) — :meth:`MemoryBank.save`. ``pending[agent] = (replace, extra)``: notes to write
+    in place of live ones and new ``(note, embedding)`` pairs, not applied in memory yet (a
+    plasticity update or a consolidation persists first, then applies).
     """
     db = bank_db(path)
     if not getattr(bank, "_served", False):
@@ -119,7 +130,8 @@ def write_agents(
         agent = bank._agents[a]
         if agent.mem is not None:
             ids = None if changed is None or a not in changed else {str(i) for i in changed[a]}
-            rows = _rows_of(agent.mem)
+            replace, extra = (pending or {}).get(a, (None, ()))
+            rows = _rows_of(agent.mem, replace, extra)
             if ids is not None:
                 rows = [r for r in rows if r.id in ids]
             plans.append((a, "notes", rows, None, ids))

@@ -589,12 +589,16 @@ class MemoryBank:
             root = Path(save_to)
 
             def persist(copies: dict[int, list[Any]]) -> None:
-                root.mkdir(parents=True, exist_ok=True)
-                for p, twins in copies.items():
-                    mems[p]._save_with(
-                        root / _agent_dir(ids[p]), {n.id: n for n in twins}, plasticity_done=True
-                    )
-                self._write_manifest(root)
+                # the changed links' notes, in one transaction, before anything is applied
+                from soulmem_torch.bank._persist import write_agents
+
+                if copies:
+                    write_agents(
+                        self, root, [ids[p] for p in copies],
+                        changed={ids[p]: [n.id for n in twins] for p, twins in copies.items()},
+                        pending={ids[p]: ({n.id: n for n in twins}, ())
+                                 for p, twins in copies.items()},
+                    )  # fmt: skip
 
         on_applied = None
         if union is not None:
@@ -648,15 +652,25 @@ class MemoryBank:
         paths = None
         if save_to is not None:
             root = Path(save_to)
-            root.mkdir(parents=True, exist_ok=True)
-            paths = [root / _agent_dir(a) for a in ids]
+
+            def writer(agent_id: str) -> Any:
+                def write(replace: dict[Any, Any], extra: list[tuple[Any, Any]]) -> None:
+                    from soulmem_torch.bank._persist import write_agents
+
+                    write_agents(
+                        self, root, [agent_id],
+                        changed={agent_id: [*replace, *(n.id for n, _ in extra)]},
+                        pending={agent_id: (replace, extra)},
+                    )  # fmt: skip
+
+                return write
+
+            paths = [writer(a) for a in ids]
         reports = await consolidate_many(
             mems, llm, concurrency=concurrency, save_to=paths, **options
         )
         if any(r.written for r in reports):
             self._dirty = True
-            if save_to is not None:
-                self._write_manifest(Path(save_to))
         return dict(zip(ids, reports))
 
     # -- persistence ---------------------------------------------------------------------------

@@ -144,7 +144,8 @@ async def consolidate_memory(
         plasticity: also run the plasticity update of the hot links in the same commit.
         timeout: seconds per LLM call (``None``: no limit).
         max_reply_chars: > 0. Longest reply read.
-        save_to: a store directory written before anything is applied.
+        save_to: a store directory written before anything is applied, or a callable
+            ``(replaced notes by id, [(new note, embedding)])`` that persists them (a bank's).
 
     Returns:
         the :class:`ConsolidationReport` (``error`` set, nothing changed, on a failure of the
@@ -277,10 +278,13 @@ async def consolidate_memory(
                 replace[twin.id] = base.model_copy(
                     update={"mem_links": [values.get(lk.id, lk) for lk in base.mem_links]}
                 )
-        mem._save_with(
-            save_to, replace, list(zip(new_notes, new_emb)), plasticity_done=plasticity,
-            consolidated=True,
-        )  # fmt: skip
+        if callable(save_to):  # a bank's writer: the agent's rows in the bank's database
+            save_to(replace, list(zip(new_notes, new_emb)))
+        else:
+            mem._save_with(
+                save_to, replace, list(zip(new_notes, new_emb)), plasticity_done=plasticity,
+                consolidated=True,
+            )  # fmt: skip
         persisted = True
 
     with _sigint_deferred():

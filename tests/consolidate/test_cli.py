@@ -35,11 +35,13 @@ def test_consolidate_fake_saves_notes_and_links(store, capsys):
 
 def test_consolidate_with_a_failing_llm_exits_1_and_keeps_the_store(store, tmp_path, capsys):
     (tmp_path / "bad_llm.py").write_text("async def complete(system, user):\n    return 'junk'\n")
-    before = sorted(p.name for p in (store / "versions").iterdir())
+    from soulmem_torch.store import MemoryStore
+
+    before = MemoryStore(store).current_version()
     code = main(["consolidate", str(store), "--llm", f"{tmp_path / 'bad_llm.py'}:complete", "-q"])
     assert code == 1
     assert "not changed" in capsys.readouterr().err
-    assert sorted(p.name for p in (store / "versions").iterdir()) == before
+    assert MemoryStore(store).current_version() == before
 
 
 def test_consolidate_needs_an_llm_choice(store):
@@ -63,7 +65,8 @@ def test_serve_idle_trigger_updates_plasticity(tmp_path):
         import httpx
 
         transport = httpx.ASGITransport(app=app)
-        async with app.router.lifespan_context(app):
+        inner = app.app  # the Starlette app inside the connection guard
+        async with inner.router.lifespan_context(inner):
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
                 for _ in range(2):
                     r = await client.post("/ask", json={"agent": "npc", "text": "rain at the café"})
@@ -75,8 +78,19 @@ def test_serve_idle_trigger_updates_plasticity(tmp_path):
                         break
                 return health
 
-    health = asyncio.run(run())
+    try:
+        health = asyncio.run(run())
+    finally:
+        app.state.release()  # the bank directory's SERVE.lock
     assert health["idle_runs"] >= 1
+    # the idle run's plasticity update is persisted: some link's intensity moved on disk
+    # (the bank database keeps notes and links; retrieval records are kept by stores only)
+    original = {
+        lk.id: lk.intensity for n in bank.agent("npc").cluster.notes() for lk in n.mem_links
+    }
     loaded = MemoryBank.load(tmp_path / "bank")
-    recs = loaded.agent("npc").working_memory.records
-    assert max(r.retrieval_count for r in recs.values()) == 2  # persisted by the idle run
+    stored = {
+        lk.id: lk.intensity for n in loaded.agent("npc").cluster.notes() for lk in n.mem_links
+    }
+    assert set(stored) == set(original)
+    assert any(stored[k] != v for k, v in original.items())

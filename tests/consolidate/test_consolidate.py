@@ -266,6 +266,7 @@ def test_a_failed_persist_keeps_the_summary_and_changes_nothing(mem, tmp_path):
     store = tmp_path / "s"
     mem.save(store)
     other = SoulMem.load(store)
+    other.remember("another writer's note")
     other.save(store)  # another writer: mem's save would lose its update
     before = _state(mem)
     version = MemoryStore(store).current_version()
