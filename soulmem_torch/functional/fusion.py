@@ -372,11 +372,11 @@ def bm25_scores(
         torch.cumsum(lens, 0) - lens, lens
     )
     pos = first + rank_in_run
-    out.index_put_(
-        (torch.repeat_interleave(qb, lens), n_of[pos]),
-        torch.repeat_interleave(qv, lens) * w[pos],
-        accumulate=True,
-    )
+    # one 1-D index_add_ in posting order (each query's terms in term order): the same sums in
+    # the same order whatever the batch, so a query scores the same bits alone or in a batch
+    # (equal BM25 scores stay exactly equal: their tie order is then the notes' order)
+    flat = torch.repeat_interleave(qb, lens) * n + n_of[pos]
+    out.view(-1).index_add_(0, flat, torch.repeat_interleave(qv, lens) * w[pos])
     return out
 
 
