@@ -23,7 +23,6 @@ per-agent work for the others; a full concatenation when more than a quarter cha
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -56,10 +55,6 @@ def _check_agent_id(agent_id: Any, what: str = "agent_id") -> str:
     if not isinstance(agent_id, str) or not agent_id:
         raise ValidationError(f"{what}: expected a non-empty string, found {agent_id!r}")
     return agent_id
-
-
-def _agent_dir(agent_id: str) -> str:
-    return "agents/" + hashlib.sha256(agent_id.encode("utf-8")).hexdigest()[:24]
 
 
 class _Agent:
