@@ -335,17 +335,13 @@ def test_bank_consolidates_agents_concurrently(tmp_path):
     assert r.association
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="failed once in 4 full runs (no changed link from the merged note): the hot notes "
-    "tie on frequency and are cut by random note ids; under investigation (closing note)",
-)
 def test_a_merged_note_keeps_its_plasticity_values(mem, tmp_path):
-    changed = plasticity_sources(mem)
+    # the hot notes tie on frequency and are cut by (random) note ids: which kinds carry the
+    # changed links differs from load to load, so the proposed duplicate follows the target's kind
+    changed = [i for i in plasticity_sources(mem) if mem.cluster[i].note.kind in _PROPOSABLE]
     assert changed
     target = mem.cluster[changed[0]].note
-    assert target.kind == "Semantic"
-    reply = json.dumps([{"type": "semantic", "content": target.mem_type.content, "tags": ["t"]}])
+    reply = json.dumps([_proposal(target, tags=["t"])])
     store = tmp_path / "s"
     mem.save(store)
     report = asyncio.run(mem.consolidate(llm=_llm(reply), save_to=store))
@@ -364,13 +360,27 @@ def test_a_merged_note_keeps_its_plasticity_values(mem, tmp_path):
     }
 
 
+_PROPOSABLE = ("Semantic", "SpecificSituation", "Procedure")
+
+
+def _proposal(note, **extra):
+    """The reply item an LLM would write for a duplicate of ``note``."""
+    mt = note.mem_type
+    if note.kind == "Semantic":
+        return {"type": "semantic", "content": mt.content, **extra}
+    if note.kind == "SpecificSituation":
+        return {"type": "situation", "content": mt.narrative, **extra}
+    kind = mt.action.action_type.value
+    return {"type": "procedure", "content": mt.action.content, "action_type": kind, **extra}
+
+
 def plasticity_sources(mem):
-    """Semantic notes whose links the next plasticity update changes (from the reference)."""
+    """Notes whose links the next plasticity update changes (from the reference)."""
     from soulmem_torch.consolidate import plasticity_reference
 
     ref = plasticity_reference(mem.cluster.notes(), mem.working_memory.records)
     sources = []
     for note in mem.cluster.notes():
-        if note.kind == "Semantic" and any(lk.id in ref for lk in note.mem_links):
+        if any(lk.id in ref for lk in note.mem_links):
             sources.append(note.id)
     return sources
