@@ -45,9 +45,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check soulmem_torch tests benchmarks
 	$(BIN)/ruff format --check soulmem_torch tests benchmarks
 
+# The suite runs on every core (pytest-xdist; TEST_WORKERS=0 runs it in this process).
+TEST_WORKERS ?= auto
+
 test: $(STAMP)
 	$(BIN)/ruff check soulmem_torch tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 test-fast: $(STAMP)
 	$(BIN)/ruff check soulmem_torch tests benchmarks
