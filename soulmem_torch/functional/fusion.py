@@ -320,7 +320,10 @@ def bm25_note_weights(
     avg = avgdl[entry_seg]
     norm = torch.where(avg > 0, length[rows] / torch.where(avg > 0, avg, 1.0), 1.0)
     w = idf * vals * (k1 + 1.0) / (vals + k1 * (1.0 - b + b * norm))
-    return torch.sparse_coo_tensor(tf.indices(), w, (n, v), check_invariants=False).coalesce()
+    # tf's (coalesced) indices: the weights are coalesced as they stand
+    return torch.sparse_coo_tensor(
+        tf.indices(), w, (n, v), is_coalesced=True, check_invariants=False
+    )
 
 
 def bm25_term_major(note_weights: Tensor) -> Tensor:

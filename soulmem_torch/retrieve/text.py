@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -173,25 +172,60 @@ class TextIndex:
         return out.coalesce().to(device)
 
 
+# One pass over all notes' strings: strings joined by \x00 (no term crosses it, as none
+# crosses a string's end) and notes by \x01, which the pattern's ``sep`` group reports.
+_BULK_RUNS = re.compile(_RUNS.pattern + r"|(?P<sep>\x01)")
+
+
+def _bulk_text(notes: Sequence[MemoryNote]) -> str:
+    text = "\x01".join("\x00".join(note_strings(note)) for note in notes)
+    if text.count("\x01") != max(len(notes) - 1, 0):  # a note's own text holds \x01
+        text = "\x01".join(
+            "\x00".join(s.replace("\x01", " ") for s in note_strings(note)) for note in notes
+        )  # (a control character splits words as a space does: the terms are the same)
+    return text
+
+
 def build_text_index(notes: Sequence[MemoryNote], *, device: torch.device) -> TextIndex:
-    """The BM25 index of a memory's notes (in graph order)."""
-    vocab: dict[str, int] = {}
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    for i, note in enumerate(notes):
-        terms: list[str] = []
-        for s in note_strings(note):
-            terms.extend(_split(s))  # (not the lru cache: a note's strings rarely repeat)
-        counts = Counter(terms)
-        rows.extend([i] * len(counts))
-        cols.extend([vocab.setdefault(t, len(vocab)) for t in counts])
-        vals.extend(map(float, counts.values()))
+    """The BM25 index of a memory's notes (in graph order).
+
+    The terms of every note are :func:`text_terms` of each of its strings (the same terms,
+    read in one normalization and one regular-expression pass over all notes); the term-count
+    matrix is counted by one ``torch.unique`` of ``(note, term)`` keys."""
+    norm = unicodedata.normalize("NFKC", _bulk_text(notes)).casefold()
+    terms: list[str] = []
+    ends: list[int] = []  # len(terms) at the end of each note
+    add, extend = terms.append, terms.extend
+    get = _WORD_TERMS.get
+    for run, word, sep in _BULK_RUNS.findall(norm):
+        if word:
+            term = get(word)
+            if term is None:
+                term = _word_term(word)
+            if term:
+                add(term)
+        elif sep:
+            ends.append(len(terms))
+        elif len(run) == 1:
+            add(run)
+        else:
+            extend([run[k : k + 2] for k in range(len(run) - 1)])
+    n = len(notes)
+    if n:
+        ends.append(len(terms))
+    # term ids in order of first appearance (the order a per-note Counter would give them)
+    vocab = {t: j for j, t in enumerate(dict.fromkeys(terms))}
+    v = max(len(vocab), 1)
+    per_note = torch.tensor(ends, dtype=torch.int64).diff(prepend=torch.zeros(1, dtype=torch.int64))
+    keys = torch.repeat_interleave(torch.arange(n, dtype=torch.int64), per_note[:n]) * v
+    keys += torch.tensor(list(map(vocab.__getitem__, terms)), dtype=torch.int64)
+    uniq, counts = torch.unique(keys, sorted=True, return_counts=True)
     tf = torch.sparse_coo_tensor(
-        torch.tensor([rows, cols], dtype=torch.int64).reshape(2, -1),
-        torch.tensor(vals, dtype=torch.float64),
-        (len(notes), len(vocab)),
-        check_invariants=True,
+        torch.stack([uniq // v, uniq % v]),
+        counts.to(torch.float64),
+        (n, len(vocab)),
+        is_coalesced=True,
+        check_invariants=False,
     )
     weights = bm25_note_weights(tf).to(device)
     return TextIndex(vocab, weights, bm25_term_major(weights))
