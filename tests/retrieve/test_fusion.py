@@ -34,7 +34,7 @@ from soulmem_torch.retrieve.evaluation import (
     load_suite,
 )
 from soulmem_torch.retrieve.pipeline import undirected_association
-from soulmem_torch.retrieve.text import text_scores, text_terms
+from soulmem_torch.retrieve.text import build_text_index, note_strings, text_scores, text_terms
 from tests.conftest import fixture_path
 from tests.retrieve.helpers import small_world
 
@@ -217,6 +217,29 @@ def test_text_terms() -> None:
     # English stopwords out, inflections folded: a question meets its answer's words
     assert text_terms("How many museums did I visit?") == ["mani", "museum", "visit"]
     assert text_terms("I visited the museum") == ["visit", "museum"]
+
+
+def test_text_index_counts_each_notes_text_terms() -> None:
+    """The one-pass index holds, per note, the counts of ``text_terms`` of its strings (control
+    characters, CJK runs, combining marks and compatibility forms included)."""
+    from collections import Counter
+
+    from soulmem_torch.model import ConceptType, MemoryNote, SemMemory
+
+    texts = ["a\x01b rainy\x00 days", "", "e\u0301 \u00df straße", "桂花糕 x 雨", "\x01\x01", "ﬁsh ①"]
+    notes = [
+        MemoryNote.build(
+            SemMemory(content=t, aliases=[t[:2]], concept_type=ConceptType.ENTITY, description="")
+        )
+        for t in texts
+    ]
+    index = build_text_index(notes, device=torch.device("cpu"))
+    dense = index.weights.to_dense()
+    for i, note in enumerate(notes):
+        want = Counter(term for s in note_strings(note) for term in text_terms(s))
+        got = {t for t, j in index.vocab.items() if dense[i, j] > 0}
+        assert got == set(want), texts[i]
+    assert len(build_text_index([], device=torch.device("cpu")).vocab) == 0
 
 
 def test_rank_fusion_weights_and_dispersion() -> None:
