@@ -301,7 +301,8 @@ def chat_ablation(
 ) -> list[tuple[str, ChatEvalReport]]:
     """One report per configuration of ``retrieve.evaluation.ablation_configs(base)`` (``base``
     ``None``: ``DefaultPipelineConfig.for_questions()``, what ``ask`` uses), then the default with
-    its seeds from the similarity alone, with dispersion weights, and the text channel alone;
+    its seeds from the similarity alone, with dispersion weights, with equal votes for every
+    channel, and the text channel alone;
     the haystacks are embedded once."""
     from soulmem_torch.retrieve.evaluation import ablation_configs
 
@@ -318,7 +319,7 @@ def chat_ablation(
     configs += [
         ("  default, seeds from the similarity", base.model_copy(update={"seed_source": "similarity"})),
         ("  default, dispersion weights", base.model_copy(update={"channel_weights": "dispersion"})),
-        ("  default, family weights", base.model_copy(update={"channel_weights": "family"})),
+        ("  default, equal votes", base.model_copy(update={"channel_weights": "equal"})),
         ("text channel alone (BM25)", base.model_copy(update={"channels": ("text",)})),
     ]  # fmt: skip
     rows = []

@@ -312,8 +312,10 @@ class DefaultPipelineConfig(BaseModel):
         """The default for free-text questions (``SoulMem.ask``, ``MemoryBank.ask``): the
         default with ``seed_source="fused"`` — a question has no fields for the structured
         similarity to match one by one, so its seeds come from the similarity and the text
-        channel together (docs/spec.md §7, DECISION "seeds of a question")."""
-        return cls(seed_source="fused")
+        channel together — and ``channel_weights="family"``: the two graph channels, PPR from
+        those same seeds one way and both ways, share one vote (docs/spec.md §7, DECISION
+        "seeds of a question")."""
+        return cls(seed_source="fused", channel_weights="family")
 
     @classmethod
     def original(cls) -> DefaultPipelineConfig:
