@@ -215,20 +215,18 @@ def _text_channel(
     m: int,
 ) -> Tensor:
     """Whole-note BM25 (the retrieve layer's ``text_scores``) of each query against its agent's
-    notes, per agent of the batch (each agent has its own vocabulary and statistics, cached on
-    its snapshot): (B, M) float64, zeros for agents without notes."""
-    from soulmem_torch.retrieve.text import text_scores
+    notes, every agent of the batch in one pass (each agent has its own vocabulary and
+    statistics, its index cached on its snapshot): (B, M) float64, zeros for agents without
+    notes."""
+    from soulmem_torch.retrieve.text import candidate_text_scores, text_index
 
-    out = torch.zeros(len(queries), m, dtype=_F64, device=union.device)
-    groups: dict[int, list[int]] = {}
-    for b, (p, mem) in enumerate(zip(positions, memories)):
-        if mem is not None:
-            groups.setdefault(p, []).append(b)
-    for p, rows in groups.items():
-        graph = _agent_graph(union, p)
-        s = text_scores(graph, memories[rows[0]], [queries[b] for b in rows])
-        out[torch.tensor(rows, device=union.device), : s.shape[1]] = s
-    return out
+    indices: dict[int, Any] = {}
+    for p, mem in zip(positions, memories):
+        if mem is not None and p not in indices:
+            indices[p] = text_index(_agent_graph(union, p), mem)
+    owners = [p if mem is not None else -1 for p, mem in zip(positions, memories)]
+    indices[-1] = None
+    return candidate_text_scores(indices, owners, queries, m, device=union.device)
 
 
 def _similarity(

@@ -54,6 +54,7 @@ __all__ = [
     "score_dispersion",
     "BM25_B",
     "BM25_K1",
+    "bm25_candidate_scores",
     "bm25_note_weights",
     "bm25_scores",
     "bm25_term_major",
@@ -357,30 +358,90 @@ def bm25_scores(
     out = torch.zeros(b, n, dtype=torch.float64, device=device)
     if n == 0 or b == 0 or v == 0:
         return out
+    tm = bm25_term_major(note_weights) if term_major is None else term_major
+    posting = _postings(query_terms, tm)
+    if posting is not None:
+        # one 1-D index_add_ in posting order (each query's terms in term order): the same sums
+        # in the same order whatever the batch, so a query scores the same bits alone or in a
+        # batch (equal BM25 scores stay exactly equal: their tie order is then the notes' order)
+        row, note, value = posting
+        out.view(-1).index_add_(0, row * n + note, value)
+    return out
+
+
+def bm25_candidate_scores(
+    query_terms: Tensor, term_major: Tensor, first_note: Tensor, width: int
+) -> Tensor:
+    """BM25 of B queries each against its own memory of a disjoint union: (B, width) float64,
+    column ``j`` of row ``b`` the score of note ``first_note[b] + j``.
+
+    The union's term rows are per memory (a term of two memories is two rows), so a query's
+    terms — rows of its own memory — reach only its memory's postings; the sums run in the
+    order :func:`bm25_scores` runs them, so each row has the same bits as that memory scored
+    on its own.
+
+    Args:
+        query_terms: (B, V) sparse COO or dense, over the union's term rows.
+        term_major: coalesced sparse COO (V, N) of the union's BM25 weights (term-major).
+        first_note: (B,) int64, the union index of each query's memory's first note.
+        width: >= the largest memory's note count.
+
+    Raises:
+        ValidationError: bad shapes, or a query term whose postings fall outside its row's
+            ``[first_note, first_note + width)``.
+    """
+    b = query_terms.shape[0]
+    if query_terms.dim() != 2 or query_terms.shape[1] != term_major.shape[0]:
+        raise ValidationError(
+            f"query_terms: expected shape (B, {term_major.shape[0]}), "
+            f"found {tuple(query_terms.shape)}"
+        )
+    if first_note.shape != (b,):
+        raise ValidationError(f"first_note: expected shape ({b},), found {tuple(first_note.shape)}")
+    device = term_major.device
+    out = torch.zeros(b, int(width), dtype=torch.float64, device=device)
+    if b == 0 or width == 0 or term_major.shape[0] == 0:
+        return out
+    posting = _postings(query_terms, term_major)
+    if posting is not None:
+        row, note, value = posting
+        local = note - first_note.to(device)[row]
+        if bool(((local < 0) | (local >= width)).any()):
+            raise ValidationError(
+                "query_terms: a query's term reaches notes outside its memory's rows "
+                f"[first_note, first_note + {width})"
+            )
+        out.view(-1).index_add_(0, row * width + local, value)  # (see bm25_scores)
+    return out
+
+
+def _postings(query_terms: Tensor, term_major: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Every (query, note, ``q(t) · w(note, t)``) posting of the queries' terms, queries in
+    order, each query's terms in term order, each term's notes in order; None when none."""
+    device = term_major.device
+    v = term_major.shape[0]
     q = query_terms.to(device)
     q = q.coalesce() if q.is_sparse else q.to_sparse()
     qb, qt = q.indices()
     qv = q.values().to(torch.float64)
-    tm = bm25_term_major(note_weights) if term_major is None else term_major
-    t_of, n_of = tm.indices()
-    w = tm.values().to(torch.float64)
+    t_of, n_of = term_major.indices()
+    w = term_major.values().to(torch.float64)
     count = torch.bincount(t_of, minlength=v)
     start = torch.cumsum(count, 0) - count
     lens = count[qt]
     total = int(lens.sum())
     if total == 0:
-        return out
+        return None
     first = torch.repeat_interleave(start[qt], lens)
     rank_in_run = torch.arange(total, device=device) - torch.repeat_interleave(
         torch.cumsum(lens, 0) - lens, lens
     )
     pos = first + rank_in_run
-    # one 1-D index_add_ in posting order (each query's terms in term order): the same sums in
-    # the same order whatever the batch, so a query scores the same bits alone or in a batch
-    # (equal BM25 scores stay exactly equal: their tie order is then the notes' order)
-    flat = torch.repeat_interleave(qb, lens) * n + n_of[pos]
-    out.view(-1).index_add_(0, flat, torch.repeat_interleave(qv, lens) * w[pos])
-    return out
+    return (
+        torch.repeat_interleave(qb, lens),
+        n_of[pos],
+        torch.repeat_interleave(qv, lens) * w[pos],
+    )
 
 
 def undirected_edges(edge_index: Tensor, edge_weight: Tensor) -> tuple[Tensor, Tensor]:

@@ -20,14 +20,20 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from soulmem_torch.functional.fusion import bm25_note_weights, bm25_scores, bm25_term_major
+from soulmem_torch.errors import ValidationError
+from soulmem_torch.functional.fusion import (
+    bm25_candidate_scores,
+    bm25_note_weights,
+    bm25_scores,
+    bm25_term_major,
+)
 
 if TYPE_CHECKING:
     from soulmem_torch.graph import MemoryGraph
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "STOPWORDS",
     "TextIndex",
+    "candidate_text_scores",
     "note_strings",
     "query_strings",
     "text_index",
@@ -264,3 +271,72 @@ def text_scores(graph: MemoryGraph, memory: MemorySource, queries: Sequence[Any]
         return torch.zeros(len(queries), n, dtype=torch.float64, device=graph.device)
     terms = index.query_terms([query_strings(q) for q in queries], device=graph.device)
     return bm25_scores(terms, index.weights, term_major=index.term_major)
+
+
+def candidate_text_scores(
+    indices: Mapping[int, TextIndex | None] | Sequence[TextIndex | None],
+    owners: Sequence[int],
+    queries: Sequence[Any],
+    width: int,
+    *,
+    device: torch.device,
+) -> Tensor:
+    """BM25 of each query against its own memory's notes, many memories in one pass:
+    (B, width) float64, row ``b`` the scores of ``indices[owners[b]]``'s notes in graph order
+    (zeros past them, and for a memory without an index) — the same bits as
+    :func:`text_scores` on each memory alone.
+
+    The memories' term-major weights are laid end to end (terms and notes offset per memory)
+    and every query's postings are summed by one
+    :func:`~soulmem_torch.functional.fusion.bm25_candidate_scores`; the only Python work is
+    looking each query's terms up in its own memory's vocabulary.
+    """
+    b = len(queries)
+    if len(owners) != b:
+        raise ValidationError(f"owners: expected {b} entries (one per query), found {len(owners)}")
+    used = sorted(set(owners))
+    term_base: dict[int, int] = {}
+    note_base: dict[int, int] = {}
+    parts_t, parts_n, parts_w = [], [], []
+    terms = notes = 0
+    for p in used:
+        index = indices[p]
+        if index is None or not index.vocab:
+            continue
+        t_of, n_of = index.term_major.indices()
+        term_base[p], note_base[p] = terms, notes
+        parts_t.append(t_of.to(device) + terms)
+        parts_n.append(n_of.to(device) + notes)
+        parts_w.append(index.term_major.values().to(device))
+        terms += len(index.vocab)
+        notes += int(index.weights.shape[0])
+    if not parts_t:
+        return torch.zeros(b, int(width), dtype=torch.float64, device=device)
+    term_major = torch.sparse_coo_tensor(
+        torch.stack([torch.cat(parts_t), torch.cat(parts_n)]),
+        torch.cat(parts_w),
+        (terms, notes),
+        is_coalesced=True,  # each memory's rows are coalesced, and the memories follow in order
+        check_invariants=False,
+    )
+    rows: list[int] = []
+    cols: list[int] = []
+    first = [0] * b
+    for j, (q, p) in enumerate(zip(queries, owners)):
+        base = term_base.get(p)
+        if base is None:
+            continue
+        first[j] = note_base[p]
+        vocab = indices[p].vocab  # type: ignore[union-attr]
+        seen = sorted({vocab[t] for s in query_strings(q) for t in _terms(s) if t in vocab})
+        rows.extend([j] * len(seen))
+        cols.extend([base + c for c in seen])
+    query_terms = torch.sparse_coo_tensor(
+        torch.tensor([rows, cols], dtype=torch.int64).reshape(2, -1),
+        torch.ones(len(rows), dtype=torch.float64),
+        (b, terms),
+        is_coalesced=True,  # rows in order, each row's terms sorted and distinct
+        check_invariants=False,
+    ).to(device)
+    first_note = torch.tensor(first, dtype=torch.int64, device=device)
+    return bm25_candidate_scores(query_terms, term_major, first_note, width)

@@ -34,7 +34,14 @@ from soulmem_torch.retrieve.evaluation import (
     load_suite,
 )
 from soulmem_torch.retrieve.pipeline import undirected_association
-from soulmem_torch.retrieve.text import build_text_index, note_strings, text_scores, text_terms
+from soulmem_torch.retrieve.text import (
+    build_text_index,
+    candidate_text_scores,
+    note_strings,
+    query_strings,
+    text_scores,
+    text_terms,
+)
 from tests.conftest import fixture_path
 from tests.retrieve.helpers import small_world
 
@@ -226,7 +233,14 @@ def test_text_index_counts_each_notes_text_terms() -> None:
 
     from soulmem_torch.model import ConceptType, MemoryNote, SemMemory
 
-    texts = ["a\x01b rainy\x00 days", "", "e\u0301 \u00df straße", "桂花糕 x 雨", "\x01\x01", "ﬁsh ①"]
+    texts = [
+        "a\x01b rainy\x00 days",
+        "",
+        "e\u0301 \u00df straße",
+        "桂花糕 x 雨",
+        "\x01\x01",
+        "ﬁsh ①",
+    ]
     notes = [
         MemoryNote.build(
             SemMemory(content=t, aliases=[t[:2]], concept_type=ConceptType.ENTITY, description="")
@@ -240,6 +254,48 @@ def test_text_index_counts_each_notes_text_terms() -> None:
         got = {t for t, j in index.vocab.items() if dense[i, j] > 0}
         assert got == set(want), texts[i]
     assert len(build_text_index([], device=torch.device("cpu")).vocab) == 0
+
+
+def test_candidate_text_scores_equal_each_memory_alone() -> None:
+    """Many memories' BM25 in one pass: each row the bits of its memory scored on its own."""
+    from soulmem_torch.model import ConceptType, MemoryNote, SemMemory
+
+    def notes(*texts):
+        return [
+            MemoryNote.build(
+                SemMemory(content=t, aliases=[], concept_type=ConceptType.ENTITY, description="")
+            )
+            for t in texts
+        ]
+
+    memories = [
+        notes("rainy afternoon tea", "the café by the river", "rain again", "桂花糕 tea"),
+        notes(),
+        notes("tea with grandma", "rainy rainy day"),
+        notes("museum visit", "visited the museum of rain", "tea"),
+    ]
+    indices = [build_text_index(m, device=torch.device("cpu")) if m else None for m in memories]
+    queries = ["rainy tea", "museum", "桂花 tea", "nothing known", "rain"]
+    owners = [0, 3, 0, 2, 1]
+    got = candidate_text_scores(indices, owners, queries, 4, device=torch.device("cpu"))
+    assert got.shape == (5, 4) and got.dtype == torch.float64
+    for b, (q, p) in enumerate(zip(queries, owners)):
+        index = indices[p]
+        if index is None:
+            assert not got[b].any()
+            continue
+        want = bm25_scores(
+            index.query_terms([query_strings(q)], device=torch.device("cpu")),
+            index.weights,
+            term_major=index.term_major,
+        )[0]
+        n = len(memories[p])
+        assert torch.equal(got[b, :n], want) and not got[b, n:].any()
+    assert got[0].any() and got[1].any()
+    with pytest.raises(ValidationError, match="outside its memory"):
+        candidate_text_scores(indices, owners, queries, 2, device=torch.device("cpu"))
+    with pytest.raises(ValidationError, match="owners"):
+        candidate_text_scores(indices, owners[:2], queries, 4, device=torch.device("cpu"))
 
 
 def test_rank_fusion_weights_and_dispersion() -> None:
