@@ -74,6 +74,7 @@ _RUNS = re.compile(
 
 
 _WORD_FEATURES: dict[str, tuple[str, tuple[str, ...]] | None] = {}
+_SLOTS: dict[int, dict[str, tuple[int, float]]] = {}
 
 
 def _word_features(word: str) -> tuple[str, tuple[str, ...]] | None:
@@ -160,7 +161,9 @@ class HashingEmbedder:
         self._idf_default = 1.0
         if self.idf:
             self._idf_default = max(self.idf.values())
-        self._slots: dict[str, tuple[int, float]] = {}
+        # a feature's (column, sign) depends only on the width: one cache per width, shared by
+        # every embedder of that width (a bank's agents, a loop of memories)
+        self._slots = _SLOTS.setdefault(dim, {})
 
     def __repr__(self) -> str:
         fitted = f", fitted on {len(self.idf)} features" if self.idf else ""
