@@ -52,7 +52,7 @@ def _load_pipeline_config(path: str | None) -> Any:
     text = _read_text(path, "--config")
     import pydantic
 
-    from soulmem_torch.model._describe import describe_validation_error
+    from soulmem_torch.model.describe import describe_validation_error
     from soulmem_torch.retrieve import DefaultPipelineConfig
 
     try:
@@ -212,8 +212,8 @@ def _kind(note: Any) -> str:
 
 
 def _label(note: Any, width: int = 200) -> str:
-    from soulmem_torch.api import note_label
     from soulmem_torch.model import SemMemory
+    from soulmem_torch.model.label import note_label
 
     mt = note.mem_type
     if isinstance(mt, SemMemory) and mt.description:

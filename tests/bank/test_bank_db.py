@@ -176,7 +176,7 @@ def test_a_store_is_not_a_bank(tmp_path: Path) -> None:
 
 def test_another_embedder_reembeds_and_a_write_rewrites_that_agent_whole(tmp_path: Path) -> None:
     from soulmem_torch.embedding import HashingEmbedder
-    from soulmem_torch.store._codec import decode_embedding
+    from soulmem_torch.store.codec import decode_embedding
 
     bank = MemoryBank(embedder=HashingEmbedder(64))
     bank.add_agent("npc-0", sample_notes(list(range(5))))

@@ -476,7 +476,7 @@ def test_forget_killed_mid_save_leaves_the_previous_version(
         """
         import os
 
-        from soulmem_torch.store import _db
+        from soulmem_torch.store import db as _db
 
         _digest = _db.NoteRow.digest
         calls = []

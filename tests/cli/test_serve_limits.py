@@ -27,7 +27,7 @@ from soulmem_torch.bank.serve import (  # noqa: E402
     create_app,
 )
 from soulmem_torch.errors import StoreError, ValidationError  # noqa: E402
-from soulmem_torch.store import _db  # noqa: E402
+from soulmem_torch.store import db as _db  # noqa: E402
 from tests.bank.helpers import sample_notes  # noqa: E402
 
 

@@ -26,7 +26,7 @@ from soulmem_torch.store import (
     StoreWriteError,
     _db,
 )
-from soulmem_torch.store._codec import decode_embedding, encode_embedding
+from soulmem_torch.store.codec import decode_embedding, encode_embedding
 from tests.store._helpers import note, notes
 
 EMB = HashingEmbedder(64)
@@ -60,7 +60,7 @@ def test_embedding_blob_is_exact_and_compact() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_embedding_blobs_are_bit_exact_dense_or_sparse(dtype: torch.dtype) -> None:
     from soulmem_torch.embedding.fields import MemoryEmbedding
-    from soulmem_torch.store._codec import decode_embeddings
+    from soulmem_torch.store.codec import decode_embeddings
 
     gen = torch.Generator().manual_seed(3)
     dense = MemoryEmbedding(tag=torch.randn(16, generator=gen).to(dtype),
