@@ -53,7 +53,10 @@ def resolve_device(
             f"{what}: expected {_EXPECTED}, found {device!r} ({type(device).__name__})"
         )
     try:
-        dev = torch.device(device.strip() if isinstance(device, str) else device)
+        if isinstance(device, int):  # a CUDA index (torch.device(int) needs a built-in accelerator)
+            dev = torch.device("cuda", device)
+        else:
+            dev = torch.device(device.strip() if isinstance(device, str) else device)
     except (RuntimeError, TypeError, ValueError) as exc:
         raise DeviceResolutionError(
             f"{what}: expected {_EXPECTED}, found {device!r} ({exc})"

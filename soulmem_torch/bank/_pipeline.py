@@ -290,7 +290,7 @@ def _association(
     is_power = torch.isin(
         row_sizes, torch.tensor(power_sizes, dtype=row_sizes.dtype).to(union.device)
     )
-    # ``power`` is the exact dense solve for small agents (as ``_engine.power_ppr``)
+    # ``power`` is the exact dense solve for small agents (as ``retrieve.propagation.power_ppr``)
     dense = row_sizes <= config.power_dense_max_nodes
     flags = [False, True] if undirected else [False]
     iterate = [ok & is_power & ~dense] + ([ok & ~dense] if undirected else [])

@@ -24,8 +24,8 @@ from soulmem_torch.store import (
     StoreDamagedError,
     StoreExistsError,
     StoreWriteError,
-    _db,
 )
+from soulmem_torch.store import db as store_db
 from soulmem_torch.store.codec import decode_embedding, encode_embedding
 from tests.store._helpers import note, notes
 
@@ -136,21 +136,21 @@ def test_a_failed_write_changes_nothing(
                                       concept_type="Entity", description="")) for i in range(60)]  # fmt: skip
     if how == "disk-full":  # SQLite's own SQLITE_FULL: the file may not grow any more
         pages = sqlite3.connect(tmp_path / DB_FILE).execute("PRAGMA page_count").fetchone()[0]
-        monkeypatch.setattr(_db.Database, "_configure",
+        monkeypatch.setattr(store_db.Database, "_configure",
                             lambda self, c: c.execute(f"PRAGMA max_page_count={pages + 2}"))  # fmt: skip
         with pytest.raises(StoreWriteError, match="the disk is full.*rolled back"):
             store.add_notes(big)
     else:  # an OSError (ENOSPC) in the middle of the transaction
-        real = _db.NoteRow.digest
+        real = store_db.NoteRow.digest
         calls = []
 
-        def failing(self: _db.NoteRow, agent: str) -> bytes:
+        def failing(self: store_db.NoteRow, agent: str) -> bytes:
             calls.append(1)
             if len(calls) == 30:
                 raise OSError(errno.ENOSPC, "No space left on device")
             return real(self, agent)
 
-        monkeypatch.setattr(_db.NoteRow, "digest", failing)
+        monkeypatch.setattr(store_db.NoteRow, "digest", failing)
         with pytest.raises(StoreWriteError, match="disk is full"):
             store.save(big)
     monkeypatch.undo()
