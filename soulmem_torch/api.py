@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from soulmem_torch._gcpause import gc_paused
+from soulmem_torch.device import resolve_device
 from soulmem_torch.errors import SoulMemError, ValidationError
 from soulmem_torch.model import MemoryId, MemoryNote
 from soulmem_torch.model.label import note_label
@@ -108,7 +109,10 @@ class SoulMem:
     Args:
         embedder: batch of strings → ``(n, D)`` tensor; ``None`` → the offline
             :class:`~soulmem_torch.embedding.HashingEmbedder`.
-        device: where retrieval runs: ``None`` (CPU), ``"auto"``, ``"cuda"``, … .
+        device: where retrieval runs: ``None`` (CPU), ``"auto"``, ``"cuda"``, ``"cuda:1"``, …,
+            resolved here (:func:`soulmem_torch.device.resolve_device`: a bad name or a CUDA
+            device on a machine without one is a ``DeviceResolutionError`` now, not at the
+            first query).
         window_capacity: size of the short-term sliding window.
         llm: async ``(system, user) -> str`` used for window summaries.
 
@@ -135,7 +139,7 @@ class SoulMem:
         from soulmem_torch.runtime import WorkingMemory
 
         self.embedder = embedder if embedder is not None else HashingEmbedder()
-        self.device = device
+        self.device = resolve_device(device)
         self.working_memory = WorkingMemory(window_capacity=window_capacity, llm=llm)
         self.readable_ids: dict[MemoryId, str] = {}
         self.reembedded: str | None = None
@@ -152,10 +156,9 @@ class SoulMem:
 
     def __repr__(self) -> str:
         window = self.working_memory.sliding_window
-        device = self.device if self.device is not None else "cpu"
         return (
             f"SoulMem({len(self)} notes, {self.cluster.num_links} links, "
-            f"embedder={type(self.embedder).__name__}, device={device}, "
+            f"embedder={type(self.embedder).__name__}, device={self.device}, "
             f"window {len(window)}/{window.capacity})"
         )
 

@@ -96,3 +96,11 @@ def test_on_a_real_gpu() -> None:
     assert torch.zeros(1, device=resolve_device("cuda:0")).device == torch.device("cuda", 0)
     with pytest.raises(DeviceResolutionError, match="there are only"):
         resolve_device(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_soulmem_resolves_at_construction(no_gpu: None) -> None:
+    from soulmem_torch import SoulMem
+
+    assert SoulMem(device="auto").device == torch.device("cpu")
+    with pytest.raises(DeviceResolutionError, match="CUDA is not available"):
+        SoulMem(device="cuda")

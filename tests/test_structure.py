@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 import soulmem_torch
 
 ROOT = Path(soulmem_torch.__file__).parent
@@ -167,6 +169,51 @@ def private_imports() -> list[str]:
     return bad
 
 
+def private_attributes() -> list[str]:
+    """Uses of a private name of another unit through an imported module (``import a.b as m``,
+    ``from a import b`` where ``b`` is a module, then ``m._x``)."""
+    modules = _modules()
+    bad = []
+    for module, (path, is_package) in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        aliases: dict[str, str] = {}
+        for imp, node in _bound_modules(tree, module, is_package, modules):
+            aliases[node] = imp
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and _private(node.attr)
+            ):
+                target = aliases[node.value.id]
+                if not _inside(module, _unit(target)):
+                    bad.append(f"{module}:{node.lineno} uses {target}.{node.attr}")
+    return bad
+
+
+def _bound_modules(
+    tree: ast.AST, module: str, is_package: bool, modules: dict[str, tuple[Path, bool]]
+) -> Iterator[tuple[str, str]]:
+    """``(module imported, the local name it is bound to)`` for every module-binding import."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in modules:
+                    yield alias.name, alias.asname
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                if sub in modules:
+                    yield sub, alias.asname or alias.name
+
+
 def test_the_graph_is_read():
     graph = import_graph()
     assert "soulmem_torch.bank.bank" in graph
@@ -191,4 +238,14 @@ def test_no_import_circle():
 
 def test_no_private_name_across_packages():
     bad = private_imports()
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bank/_union.structured_similarity calls functional.similarity._semantic_variant / "
+    "_situation_variant (the field-layout rewrite owns both files; they become public there)",
+)
+def test_no_private_attribute_across_packages():
+    bad = private_attributes()
     assert not bad, "\n".join(bad)
