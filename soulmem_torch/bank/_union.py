@@ -102,19 +102,6 @@ class UnionSnapshot:
         return self.cache["sizes_list"]
 
 
-def agent_graph(union: UnionSnapshot, p: int) -> Any:
-    """Agent ``p``'s own snapshot on the union's device (moved copies cached on the union, so
-    their derived caches — transition, text index — survive between calls)."""
-    graph = union.graphs[p]
-    if graph.device == union.device:
-        return graph
-    key = ("agent_graph", p)
-    moved = union.cache.get(key)
-    if moved is None:
-        moved = union.cache[key] = graph.to(union.device)
-    return moved
-
-
 def _cat(parts: list[Tensor], empty: Tensor) -> Tensor:
     return torch.cat(parts) if parts else empty
 
@@ -513,3 +500,16 @@ def grouped_structured_similarity(
             weights=weights,
         )  # fmt: skip
     return out
+
+
+def agent_graph(union: UnionSnapshot, p: int) -> Any:
+    """Agent ``p``'s own snapshot on the union's device (moved copies cached on the union, so
+    their derived caches — transition, text index — survive between calls)."""
+    graph = union.graphs[p]
+    if graph.device == union.device:
+        return graph
+    key = ("agent_graph", p)
+    moved = union.cache.get(key)
+    if moved is None:
+        moved = union.cache[key] = graph.to(union.device)
+    return moved
