@@ -97,7 +97,7 @@ def measure(
         RetrAssociation,
         RetrDefaultPipeline,
     )
-    from soulmem_torch.retrieve._engine import batch_chunk_size, max_batch_bytes
+    from soulmem_torch.retrieve.batches import batch_chunk_size, max_batch_bytes
     from soulmem_torch.retrieve.pipeline import DefaultPipelineRequest
 
     torch.set_num_threads(1)

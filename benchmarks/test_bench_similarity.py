@@ -279,7 +279,7 @@ def test_similarity_fused_congyu(benchmark, bench_device, stage, batch):
     it (HashingEmbedder query embedding + exact-identifier string channel + scoring).
     """
     from soulmem_torch.embedding import embed_queries
-    from soulmem_torch.retrieve.similarity import _identifier_index, similarity_scores
+    from soulmem_torch.retrieve.similarity import identifier_index, similarity_scores
 
     threads = _harness.set_threads()
     dev = str(bench_device)
@@ -289,7 +289,7 @@ def test_similarity_fused_congyu(benchmark, bench_device, stage, batch):
         from soulmem_torch.embedding.identifiers import string_scores
 
         emb = embed_queries(queries, embedder, device=bench_device)
-        string = string_scores(queries, _identifier_index(graph, wm), device=bench_device)
+        string = string_scores(queries, identifier_index(graph, wm), device=bench_device)
         fn = lambda: emb.score(graph, string_scores=string)  # noqa: E731
     else:
         fn = lambda: similarity_scores(graph, wm, queries, embedder=embedder)  # noqa: E731

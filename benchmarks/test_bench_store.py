@@ -30,7 +30,7 @@ from soulmem_torch.bank import MemoryBank
 from soulmem_torch.embedding import HashingEmbedder, embed_notes
 from soulmem_torch.model import MemoryId, MemoryLink, MemoryNote, SemMemLink, SemMemory
 from soulmem_torch.store import DirectoryStore, MemoryStore
-from soulmem_torch.store._db import file_size
+from soulmem_torch.store.db import file_size
 
 N_BIG = int(os.environ.get("SOULMEM_BENCH_STORE_N", "100000"))
 N_SMALL = 10_000

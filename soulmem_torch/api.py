@@ -18,8 +18,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from soulmem_torch._gcpause import gc_paused
+from soulmem_torch.device import resolve_device
 from soulmem_torch.errors import SoulMemError, ValidationError
 from soulmem_torch.model import MemoryId, MemoryNote
+from soulmem_torch.model.label import note_label
 from soulmem_torch.model.query import MemoryRetrieveQuery
 from soulmem_torch.retrieve import (
     AssociationConfig,
@@ -30,7 +33,6 @@ from soulmem_torch.retrieve import (
     RetrSimilarity,
     SimilarityConfig,
 )
-from soulmem_torch.retrieve._gcpause import gc_paused
 from soulmem_torch.retrieve.priority import mix_by_priority_batch
 
 __all__ = ["EventLoopRunningError", "SoulMem", "note_label", "record_results", "text_queries"]
@@ -96,30 +98,6 @@ def record_results(working_memory: Any, results: Iterable[Any]) -> None:
             working_memory.transition_to_working()
 
 
-def note_label(note: MemoryNote, *, width: int = 60) -> str:
-    """A one-line human label of a note (its name / narrative / action)."""
-    from soulmem_torch.model import AbstractSituation, ProcMemory, SemMemory, SpecificSituation
-
-    mt = note.mem_type
-    if isinstance(mt, SemMemory):
-        text = mt.content
-    elif isinstance(mt, SpecificSituation):
-        text = mt.narrative
-    elif isinstance(mt, AbstractSituation):
-        leaf = mt.leaf
-        text = (
-            getattr(leaf, "name", None)
-            or getattr(leaf, "action", None)
-            or getattr(leaf, "atmosphere", "")
-        )
-        text = f"{mt.kind}: {text}"
-    elif isinstance(mt, ProcMemory):
-        text = f"{mt.action.action_type.value}: {mt.action.content}"
-    else:  # pragma: no cover - the union is closed
-        text = str(mt)
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 class SoulMem:
     """A working memory with an embedder, answering batched queries.
 
@@ -131,7 +109,10 @@ class SoulMem:
     Args:
         embedder: batch of strings → ``(n, D)`` tensor; ``None`` → the offline
             :class:`~soulmem_torch.embedding.HashingEmbedder`.
-        device: where retrieval runs: ``None`` (CPU), ``"auto"``, ``"cuda"``, … .
+        device: where retrieval runs: ``None`` (CPU), ``"auto"``, ``"cuda"``, ``"cuda:1"``, …,
+            resolved here (:func:`soulmem_torch.device.resolve_device`: a bad name or a CUDA
+            device on a machine without one is a ``DeviceResolutionError`` now, not at the
+            first query).
         window_capacity: size of the short-term sliding window.
         llm: async ``(system, user) -> str`` used for window summaries.
 
@@ -158,7 +139,7 @@ class SoulMem:
         from soulmem_torch.runtime import WorkingMemory
 
         self.embedder = embedder if embedder is not None else HashingEmbedder()
-        self.device = device
+        self.device = resolve_device(device)
         self.working_memory = WorkingMemory(window_capacity=window_capacity, llm=llm)
         self.readable_ids: dict[MemoryId, str] = {}
         self.reembedded: str | None = None
@@ -175,10 +156,9 @@ class SoulMem:
 
     def __repr__(self) -> str:
         window = self.working_memory.sliding_window
-        device = self.device if self.device is not None else "cpu"
         return (
             f"SoulMem({len(self)} notes, {self.cluster.num_links} links, "
-            f"embedder={type(self.embedder).__name__}, device={device}, "
+            f"embedder={type(self.embedder).__name__}, device={self.device}, "
             f"window {len(window)}/{window.capacity})"
         )
 
@@ -535,7 +515,7 @@ class SoulMem:
         record: bool = True,
     ) -> list[DefaultPipelineResult]:
         """The default pipeline for a batch of structured queries (one batch, one device);
-        the cyclic garbage collector is held off for the call (``retrieve._gcpause``).
+        the cyclic garbage collector is held off for the call (``soulmem_torch._gcpause``).
 
         ``now``: when the queries are asked (one aware datetime for all, or one per query);
         the ``time`` channel reads it (docs/spec.md §7).
@@ -585,7 +565,7 @@ class SoulMem:
         matches no note gets no memories. ``False`` returns every fused result.
 
         Like :meth:`query`, holds Python's cyclic garbage collector off for the call (its many
-        short-lived objects are acyclic; see ``soulmem_torch.retrieve._gcpause``)."""
+        short-lived objects are acyclic; see ``soulmem_torch._gcpause``)."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         with gc_paused():  # tens of thousands of short-lived acyclic objects (see _gcpause)
             queries = [q for t in texts for q in text_queries(t)]

@@ -19,8 +19,8 @@ from soulmem_torch.functional.ppr import (
     power_iteration_steps,
     ppr_power_iteration,
 )
-from soulmem_torch.retrieve._engine import transition
 from soulmem_torch.retrieve.config import AssociationConfig
+from soulmem_torch.retrieve.operators import transition
 
 __all__ = ["MemoryRetriever"]
 

@@ -3,8 +3,9 @@ graphs"): each agent's :func:`~soulmem_torch.functional.ppr_dense.dense_factors`
 one flat buffer per (channel, edge weights, damping), and one gather + one
 :func:`~soulmem_torch.functional.ppr_dense.dense_ppr_entries` call for a whole batch.
 
-An agent's factors are computed from its own snapshot's transition (the retrieve layer's
-``transition`` / ``undirected_transition``, cached on the snapshot) by the same function the
+An agent's factors are computed from its own snapshot's transition
+(:mod:`soulmem_torch.retrieve.operators`: ``transition`` / ``undirected_transition``, cached on
+the snapshot) by the same function the
 per-agent path uses, so the bank and a ``SoulMem`` of that agent read the same bits; the
 entries are combined in the same order, so their results are bit-identical on the CPU.
 
@@ -24,9 +25,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from soulmem_torch.bank._union import UnionSnapshot
+from soulmem_torch.bank._union import UnionSnapshot, agent_graph
 from soulmem_torch.errors import ValidationError
 from soulmem_torch.functional.ppr_dense import dense_factors, dense_ppr_entries
+from soulmem_torch.retrieve.operators import transition, undirected_transition, weight_key
 
 __all__ = ["DenseStore", "carry_dense", "segment_dense_ppr"]
 
@@ -169,9 +171,7 @@ class DenseStore:
 
 
 def _store_key(config: Any, undirected: bool) -> tuple[Any, ...]:
-    from soulmem_torch.retrieve._engine import _weight_key
-
-    return ("dense", undirected, float(config.damping_factor), *_weight_key(config))
+    return ("dense", undirected, float(config.damping_factor), *weight_key(config))
 
 
 def carry_dense(new: UnionSnapshot, old: UnionSnapshot | None, changed: list[int]) -> None:
@@ -194,15 +194,11 @@ def _fill(
     *,
     keep: set[int],
 ) -> None:
-    from soulmem_torch.bank._pipeline import _agent_graph
-    from soulmem_torch.retrieve._engine import transition
-    from soulmem_torch.retrieve.pipeline import undirected_transition
-
     build = undirected_transition if undirected else transition
     d = float(config.damping_factor)
     blocks = []
     for p in missing:  # the first ask of an agent (or after it changed): O(n^3) each
-        f = dense_factors(build(_agent_graph(union, p), config), d, cache=False)
+        f = dense_factors(build(agent_graph(union, p), config), d, cache=False)
         blocks.append(torch.cat([f.inverse_t.reshape(-1), f.dangling_mass]))
     store.append(blocks, missing, keep=keep)
 

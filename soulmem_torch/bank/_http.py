@@ -162,7 +162,7 @@ def _resolve(ref: Any, mem: Any, names: dict[Any, str], earlier: list[Any]) -> A
 def _note_json(mem: Any, note: Any) -> dict[str, Any]:
     import json
 
-    from soulmem_torch.api import note_label
+    from soulmem_torch.model.label import note_label
 
     return {
         "id": str(note.id),

@@ -1,6 +1,6 @@
 """A bank on disk: every agent in one SQLite database (``BANK_DIR/bank.sqlite3``).
 
-The tables are those of :mod:`soulmem_torch.store._db` with the agent column filled: one
+The tables are those of :mod:`soulmem_torch.store.db` with the agent column filled: one
 ``agents`` row per agent (its position, kind and the embedder its vectors came from), one
 ``notes`` row per note, one ``graphs`` row per tensor-built agent. A write of one agent is one
 transaction touching only that agent's changed rows (plus its ``agents`` row and one
@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
+from soulmem_torch.bank._agent import Agent
 from soulmem_torch.errors import StoreError, ValidationError
-from soulmem_torch.store._codec import CodecError, decode_embeddings, decode_graph, encode_graph
-from soulmem_torch.store._db import Database, NoteRow, agent_digest, graph_digest
-from soulmem_torch.store._store import (
+from soulmem_torch.store.codec import CodecError, decode_embeddings, decode_graph, encode_graph
+from soulmem_torch.store.db import Database, NoteRow, agent_digest, graph_digest
+from soulmem_torch.store.rows import (
     check_lock_timeout,
     check_utf8,
     decode_rows,
@@ -36,7 +37,14 @@ from soulmem_torch.store._store import (
     version_info,
 )
 
-__all__ = ["BANK_DB", "DamagedAgentError", "DamagedAgentWarning", "bank_db", "load_bank"]
+__all__ = [
+    "BANK_DB",
+    "DamagedAgentError",
+    "DamagedAgentWarning",
+    "bank_db",
+    "load_bank",
+    "recorded_embedder_spec",
+]
 
 BANK_DB = "bank.sqlite3"
 LEGACY_MANIFEST = "bank.json"
@@ -52,6 +60,22 @@ class DamagedAgentError(StoreError):
 
 def bank_db(path: str | os.PathLike[str], timeout: float | None = None) -> Database:
     return Database(Path(path) / BANK_DB, kind="bank", timeout=check_lock_timeout(timeout))
+
+
+def recorded_embedder_spec(path: str | os.PathLike[str]) -> str | None:
+    """The embedder spec the bank database under ``path`` recorded with its latest version
+    (``None``: no database, none recorded, or one that cannot be read — loading reports that)."""
+    db = bank_db(path)
+    if not db.exists():
+        return None
+    try:
+        with db.read() as conn:
+            latest = db.latest(conn)
+    except StoreError:
+        return None
+    identity = None if latest is None else latest[2].get("embedder")
+    spec = identity.get("spec") if isinstance(identity, dict) else None
+    return spec if isinstance(spec, str) else None
 
 
 def _identity(embedder: Any, bank: Any = None) -> dict[str, Any]:
@@ -345,7 +369,6 @@ def _build_agents(
     on_mismatch: str = "reembed",
 ) -> list[tuple[str, Any]]:
     from soulmem_torch.api import SoulMem
-    from soulmem_torch.bank.bank import _Agent
     from soulmem_torch.embedding import embed_notes
     from soulmem_torch.embedding.identity import (
         EmbedderIdentity,
@@ -387,7 +410,7 @@ def _build_agents(
                     raise StoreError(
                         f"{where}: agent {agent_id!r}: bad graph blob ({exc})"
                     ) from None
-                out.append((agent_id, _Agent(graph=graph.cpu())))
+                out.append((agent_id, Agent(graph=graph.cpu())))
                 continue
             if kind != "notes":
                 raise StoreError(f"{where}: agent {agent_id!r}: unknown kind {kind!r}")
@@ -427,7 +450,7 @@ def _build_agents(
                           window_capacity=bank.window_capacity)  # fmt: skip
             mem.working_memory.add_nodes(notes, embeddings)
             mem.readable_ids.update(readable)
-            out.append((agent_id, _Agent(mem=mem)))
+            out.append((agent_id, Agent(mem=mem)))
         except EmbedderMismatchError:
             raise
         except (StoreError, ValueError, TypeError, KeyError) as exc:
@@ -438,7 +461,6 @@ def _build_agents(
 def _load_legacy(bank: Any, root: Path) -> None:
     """A bank directory of the previous format (``bank.json`` + one store per agent)."""
     from soulmem_torch.api import SoulMem
-    from soulmem_torch.bank.bank import _Agent
     from soulmem_torch.graph import MemoryGraph
     from soulmem_torch.model import MemoryId
 
@@ -480,11 +502,11 @@ def _load_legacy(bank: Any, root: Path) -> None:
                     )  # fmt: skip
                 except Exception as exc:  # torch raises many kinds on a bad file
                     raise StoreError(f"{target / 'graph.pt'}: unreadable ({exc})") from None
-                bank._register(agent_id, _Agent(graph=graph.cpu()))
+                bank._register(agent_id, Agent(graph=graph.cpu()))
             else:
                 mem = SoulMem.load(target, embedder=bank.embedder, device=bank.device,
                                    window_capacity=bank.window_capacity)  # fmt: skip
-                bank._register(agent_id, _Agent(mem=mem))
+                bank._register(agent_id, Agent(mem=mem))
         except (StoreError, ValueError, TypeError, KeyError, AttributeError) as exc:
             bank.damaged[label] = str(exc)
 

@@ -7,7 +7,7 @@ similarity (structured, string channel, or plain cosine) → seeds (relative cut
 → situation weights → BayesAction → the memory list (reciprocal-rank fusion of the configured
 channels — seeds / similarity, whole-note text, graph, graph both ways (PPR on the union's
 undirected operator) — or the original's max merge). Each stage mirrors the
-retrieve layer (``retrieve/pipeline.py``, ``assoc_with_action.py``, ``_engine.py``,
+retrieve layer (``retrieve/pipeline.py``, ``assoc_with_action.py``, ``propagation.py``,
 ``functional/fusion.py``) on one agent's graph; a new channel drops in as one more ``(B, M)``
 tensor masked by ``valid``. Config fields the bank does not know are refused
 (:func:`supported_config`), never ignored.
@@ -22,25 +22,26 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from soulmem_torch._gcpause import gc_paused
+from soulmem_torch.bank._bayes import candidate_bayes
 from soulmem_torch.bank._dense import segment_dense_ppr
+from soulmem_torch.bank._operators import segment_power_ppr_channels
 from soulmem_torch.bank._union import (
     UnionSnapshot,
-    candidate_bayes,
+    agent_graph,
     candidates,
     grouped_is_cheaper,
     grouped_structured_similarity,
     note_ids,
     plain_similarity,
-    segment_power_ppr_channels,
     structured_similarity,
 )
 from soulmem_torch.errors import ConfigError, ValidationError
 from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SPECIFIC
 from soulmem_torch.functional.fusion import rank_fusion, relative_seeds
 from soulmem_torch.functional.topk import stable_topk
-from soulmem_torch.retrieve._gcpause import gc_paused
 from soulmem_torch.retrieve.pipeline import channel_weights
-from soulmem_torch.retrieve.similarity import _is_plain, structured_batch
+from soulmem_torch.retrieve.similarity import is_plain_query, structured_batch
 
 __all__ = ["run_pipeline", "supported_config"]
 
@@ -93,19 +94,6 @@ def supported_config(config: Any) -> None:
         raise ConfigError(
             f"config.channels: the MemoryBank knows {sorted(_CHANNELS)}, found {sorted(unknown)}"
         )
-
-
-def _agent_graph(union: UnionSnapshot, p: int) -> Any:
-    """Agent ``p``'s own snapshot on the union's device (moved copies cached on the union, so
-    their derived caches — transition, text index — survive between calls)."""
-    graph = union.graphs[p]
-    if graph.device == union.device:
-        return graph
-    key = ("agent_graph", p)
-    moved = union.cache.get(key)
-    if moved is None:
-        moved = union.cache[key] = graph.to(union.device)
-    return moved
 
 
 def _topk(scores: Tensor, mask: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -188,7 +176,7 @@ def _string_channel(
     """The exact-identifier channel, per agent of the batch (string matching is CPU work on
     the agent's identifier index, as in the retrieve layer); ``None`` when no agent has notes."""
     from soulmem_torch.embedding.identifiers import string_scores
-    from soulmem_torch.retrieve.similarity import _identifier_index
+    from soulmem_torch.retrieve.similarity import identifier_index
 
     groups: dict[int, list[int]] = {}
     for b, (p, mem) in enumerate(zip(positions, memories)):
@@ -199,7 +187,7 @@ def _string_channel(
     out = torch.zeros(len(queries), m, dtype=torch.float32, device=union.device)
     for p, rows in groups.items():
         graph = union.graphs[p]
-        index = _identifier_index(graph, memories[rows[0]])
+        index = identifier_index(graph, memories[rows[0]])
         if index is None:
             continue
         s = string_scores([queries[b] for b in rows], index, weights=weights, device=union.device)
@@ -223,7 +211,7 @@ def _text_channel(
     indices: dict[int, Any] = {}
     for p, mem in zip(positions, memories):
         if mem is not None and p not in indices:
-            indices[p] = text_index(_agent_graph(union, p), mem)
+            indices[p] = text_index(agent_graph(union, p), mem)
     owners = [p if mem is not None else -1 for p, mem in zip(positions, memories)]
     indices[-1] = None
     return candidate_text_scores(indices, owners, queries, m, device=union.device)
@@ -240,7 +228,7 @@ def _similarity(
     weights: Any,
 ) -> Tensor:
     """Stage 1: fused similarity of each query against its agent's notes, (B, M) float32."""
-    if all(_is_plain(q) for q in queries):
+    if all(is_plain_query(q) for q in queries):
         if union.tag_emb is None:
             raise ValidationError("working_memory: plain queries need notes with embeddings")
         q = _plain_vectors(queries, embedder, int(union.tag_emb.shape[1]), union.device)
@@ -279,8 +267,8 @@ def _association(
     definition) and ``push`` run per agent of the batch on the agent's own snapshot with the
     retrieve layer's ``run_association``. ``auto`` resolves per agent, on its own size.
     """
-    from soulmem_torch.retrieve._engine import resolve_method, run_association
     from soulmem_torch.retrieve.config import PprMethod
+    from soulmem_torch.retrieve.propagation import resolve_method, run_association
 
     ok = keys.any(dim=1) & (weights.sum(dim=1) > 0)
     negative = keys & (weights < 0) & ok.unsqueeze(1)
@@ -300,7 +288,7 @@ def _association(
     is_power = torch.isin(
         row_sizes, torch.tensor(power_sizes, dtype=row_sizes.dtype).to(union.device)
     )
-    # ``power`` is the exact dense solve for small agents (as ``_engine.power_ppr``)
+    # ``power`` is the exact dense solve for small agents (as ``retrieve.propagation.power_ppr``)
     dense = row_sizes <= config.power_dense_max_nodes
     flags = [False, True] if undirected else [False]
     iterate = [ok & is_power & ~dense] + ([ok & ~dense] if undirected else [])
@@ -322,7 +310,7 @@ def _association(
         for r in other:
             groups.setdefault(positions[r], []).append(r)
         for p, rows in groups.items():
-            graph = _agent_graph(union, p)
+            graph = agent_graph(union, p)
             n = int(graph.num_nodes)
             rt = torch.tensor(rows, device=union.device)
             res, _ = run_association(
@@ -347,7 +335,7 @@ def run_pipeline(
     nows: Sequence[Any] | None = None,
 ) -> list[Any]:
     """ShortOnly → Similarity → AssociateWithAction → merge for B (agent, query) pairs, with
-    the cyclic garbage collector held off (``retrieve._gcpause.gc_paused``: the call builds
+    the cyclic garbage collector held off (``soulmem_torch._gcpause.gc_paused``: the call builds
     tens of thousands of short-lived result tuples).
 
     Args:

@@ -30,6 +30,7 @@ from functools import wraps
 from pathlib import Path
 from typing import Any
 
+from soulmem_torch.bank._agent import Agent
 from soulmem_torch.errors import ConfigError, NotFoundError, ValidationError
 from soulmem_torch.model import MemoryId, MemoryNote
 
@@ -57,21 +58,6 @@ def _check_agent_id(agent_id: Any, what: str = "agent_id") -> str:
     return agent_id
 
 
-class _Agent:
-    """One agent: a ``SoulMem`` (note-backed) or a bare ``MemoryGraph`` (tensor-built)."""
-
-    __slots__ = ("graph", "mem")
-
-    def __init__(self, mem: Any = None, graph: Any = None) -> None:
-        self.mem = mem
-        self.graph = graph
-
-    def snapshot(self) -> Any:
-        if self.mem is not None:
-            return self.mem.working_memory.graph()
-        return self.graph
-
-
 class MemoryBank:
     """Many agents' memories, answered together in one batch per call.
 
@@ -94,13 +80,13 @@ class MemoryBank:
     def __init__(
         self, *, embedder: Any = None, device: Any = None, window_capacity: int = 20
     ) -> None:
+        from soulmem_torch.device import resolve_device
         from soulmem_torch.embedding import HashingEmbedder
-        from soulmem_torch.retrieve._engine import resolve_device
 
         self.embedder = embedder if embedder is not None else HashingEmbedder()
         self.device = resolve_device(device)
         self.window_capacity = window_capacity
-        self._agents: dict[str, _Agent] = {}
+        self._agents: dict[str, Agent] = {}
         self._order: list[str] = []
         self._position: dict[str, int] = {}
         self._union: Any = None
@@ -123,7 +109,7 @@ class MemoryBank:
         """Agent ids, in the order they were added."""
         return list(self._order)
 
-    def _register(self, agent_id: str, agent: _Agent) -> None:
+    def _register(self, agent_id: str, agent: Agent) -> None:
         self._agents[agent_id] = agent
         self._position[agent_id] = len(self._order)
         self._order.append(agent_id)
@@ -160,7 +146,7 @@ class MemoryBank:
             embedder=self.embedder, device=self.device, window_capacity=self.window_capacity
         )
         self._add_to(mem, list(notes), embeddings, readable_ids)
-        self._register(agent_id, _Agent(mem=mem))
+        self._register(agent_id, Agent(mem=mem))
         return len(mem)
 
     @_locked
@@ -183,7 +169,7 @@ class MemoryBank:
                 f"graph: expected embeddings of width {width} (the bank's embedder), found "
                 f"width {graph.tag_emb.shape[1]}"
             )
-        self._register(agent_id, _Agent(graph=graph.cpu()))
+        self._register(agent_id, Agent(graph=graph.cpu()))
         return int(graph.num_nodes)
 
     @staticmethod
@@ -290,11 +276,11 @@ class MemoryBank:
         )
         note_id = mem.remember(text, **fields)
         if agent is None:
-            self._register(agent_id, _Agent(mem=mem))
+            self._register(agent_id, Agent(mem=mem))
         self._dirty = True
         return note_id
 
-    def _get(self, agent_id: Any) -> _Agent:
+    def _get(self, agent_id: Any) -> Agent:
         _check_agent_id(agent_id)
         agent = self._agents.get(agent_id)
         if agent is None:
@@ -318,7 +304,8 @@ class MemoryBank:
     @_locked
     def union(self) -> Any:
         """The disjoint-union snapshot, rebuilt when an agent changed since the last one."""
-        from soulmem_torch.bank._union import build_union, carry_operators, splice_union
+        from soulmem_torch.bank._operators import carry_operators
+        from soulmem_torch.bank._union import build_union, splice_union
 
         if self._dirty or self._union is None:
             snaps = [self._agents[a].snapshot() for a in self._order]
@@ -601,7 +588,7 @@ class MemoryBank:
             def on_applied(plan: Any, changed: list[int]) -> None:
                 # the same nodes and edges with new values: patch the union, keep the other
                 # agents' operators and dense inverses, the node caches (no rebuild)
-                from soulmem_torch.bank._union import with_edge_values
+                from soulmem_torch.bank._operators import with_edge_values
 
                 snaps = [self._agents[a].snapshot() for a in self._order]
                 self._union = with_edge_values(
@@ -679,7 +666,7 @@ class MemoryBank:
         self._union_snapshots = []
         self._dirty = True
 
-    def _replace(self, agent_id: str, agent: _Agent) -> None:
+    def _replace(self, agent_id: str, agent: Agent) -> None:
         self._agents[agent_id] = agent
         self._dirty = True
 
@@ -730,7 +717,7 @@ class MemoryBank:
         as they were.
         """
         from soulmem_torch.bank._persist import check_agent_text, durable
-        from soulmem_torch.store._store import check_notes, check_utf8
+        from soulmem_torch.store.rows import check_notes, check_utf8
 
         agent_id = _check_agent_id(agent_id)
         check_agent_text(agent_id)
@@ -751,6 +738,15 @@ class MemoryBank:
                 self.add_agent(agent_id, notes, readable_ids=readable_ids)
                 added = len(notes)
         return added, len(self.agent(agent_id))
+
+    @staticmethod
+    def recorded_embedder_spec(path: str | os.PathLike[str]) -> str | None:
+        """The embedder spec (``"hashing"``, ``"st:MODEL"``, …) that the bank saved under
+        ``path`` recorded, or ``None`` (no bank there, none recorded, or unreadable: then
+        :meth:`load` says why). ``soulmem serve`` reuses it when no ``--embedder`` is given."""
+        from soulmem_torch.bank._persist import recorded_embedder_spec
+
+        return recorded_embedder_spec(path)
 
     @classmethod
     def load(

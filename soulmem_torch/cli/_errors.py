@@ -47,7 +47,7 @@ def _describe_exception(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, CLIError):
         return str(exc), exc.code
     if isinstance(exc, pydantic.ValidationError):
-        from soulmem_torch.model._describe import describe_validation_error
+        from soulmem_torch.model.describe import describe_validation_error
 
         return f"invalid {exc.title}: {describe_validation_error(exc)}", EXIT_RUNTIME
     if isinstance(exc, json.JSONDecodeError):

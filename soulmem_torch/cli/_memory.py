@@ -12,24 +12,14 @@ from soulmem_torch.cli._errors import CLIError
 from soulmem_torch.cli._output import _clip, _emit, _show_progress, progress_bar
 
 
-def _resolve_device(name: str | None) -> str | None:
-    if name is None or name == "cpu":
-        return name
-    import torch
+def _resolve_device(name: str | None) -> Any:
+    """``--device`` as a ``torch.device``: the package's one resolver
+    (:func:`soulmem_torch.device.resolve_device`; a CUDA device on a machine without one, or
+    past its device count, is a one-line error naming ``--device``), imported here so that
+    only the commands that run retrieval load torch."""
+    from soulmem_torch.device import resolve_device
 
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if not torch.cuda.is_available():
-        raise CLIError(
-            f"--device {name}: CUDA is not available on this machine "
-            "(torch.cuda.is_available() is False); use --device cpu or --device auto"
-        )
-    index = int(name.split(":")[1]) if ":" in name else 0
-    if index >= torch.cuda.device_count():
-        raise CLIError(
-            f"--device {name}: there are only {torch.cuda.device_count()} CUDA device(s)"
-        )
-    return name
+    return resolve_device(name, what="--device")
 
 
 def _read_text(path: str | Path, what: str) -> str:
@@ -52,7 +42,7 @@ def _load_pipeline_config(path: str | None) -> Any:
     text = _read_text(path, "--config")
     import pydantic
 
-    from soulmem_torch.model._describe import describe_validation_error
+    from soulmem_torch.model.describe import describe_validation_error
     from soulmem_torch.retrieve import DefaultPipelineConfig
 
     try:
@@ -212,8 +202,8 @@ def _kind(note: Any) -> str:
 
 
 def _label(note: Any, width: int = 200) -> str:
-    from soulmem_torch.api import note_label
     from soulmem_torch.model import SemMemory
+    from soulmem_torch.model.label import note_label
 
     mt = note.mem_type
     if isinstance(mt, SemMemory) and mt.description:

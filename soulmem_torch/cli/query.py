@@ -33,7 +33,7 @@ def _read_queries_file(path: str) -> list[tuple[str, Any, int]]:
     """
     import pydantic
 
-    from soulmem_torch.model._describe import describe_validation_error
+    from soulmem_torch.model.describe import describe_validation_error
     from soulmem_torch.model.query import MemoryRetrieveQuery
 
     text = _read_text(path, "--file")

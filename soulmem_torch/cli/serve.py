@@ -111,7 +111,9 @@ def _bank_embedder(args: argparse.Namespace) -> Any:
 
     spec = args.embedder
     if spec is None:
-        recorded = _recorded_bank_spec(Path(args.bank_dir))
+        from soulmem_torch.bank import MemoryBank
+
+        recorded = MemoryBank.recorded_embedder_spec(Path(args.bank_dir))
         if recorded is not None and not stored_spec_is_safe(recorded):
             raise CLIError(
                 f"bank {args.bank_dir} was embedded with --embedder {recorded}; pass --embedder "
@@ -120,23 +122,6 @@ def _bank_embedder(args: argparse.Namespace) -> Any:
             )
         spec = recorded
     return embedder_from_spec(spec or "hashing")
-
-
-def _recorded_bank_spec(root: Any) -> str | None:
-    from soulmem_torch.bank._persist import bank_db
-    from soulmem_torch.errors import StoreError
-
-    db = bank_db(root)
-    if not db.exists():
-        return None
-    try:
-        with db.read() as conn:
-            latest = db.latest(conn)
-    except StoreError:
-        return None  # the load reports it
-    identity = None if latest is None else latest[2].get("embedder")
-    spec = identity.get("spec") if isinstance(identity, dict) else None
-    return spec if isinstance(spec, str) else None
 
 
 def add_parser(sub: Any) -> None:

@@ -110,7 +110,7 @@ def _format_hot(note: Any, count: int, freq: float, name: str) -> str:
 
 
 def _label(note: Any) -> str:
-    from soulmem_torch.api import note_label
+    from soulmem_torch.model.label import note_label
 
     return note_label(note, width=200)
 
@@ -259,8 +259,8 @@ async def consolidate_memory(
     merged_emb = dict(zip(merged, embeddings[len(new_notes) :]))
 
     # -- persist first, then apply (no await from here on) ---------------------------------------
+    from soulmem_torch._signals import sigint_deferred
     from soulmem_torch.consolidate.update import update_plasticity
-    from soulmem_torch.forget.cluster import _sigint_deferred
 
     persisted = False
 
@@ -287,7 +287,7 @@ async def consolidate_memory(
             )  # fmt: skip
         persisted = True
 
-    with _sigint_deferred():
+    with sigint_deferred():
         try:
             changes = update_plasticity([mem], top_k=top_k, persist=persist) if plasticity else []
             if not persisted:

@@ -205,7 +205,7 @@ def apply_plan(
     persist: Callable[[dict[int, list[Any]]], None] | None,
 ) -> list[LinkChange]:
     """Persist first, then apply the plan (see the module docstring)."""
-    from soulmem_torch.forget.cluster import _sigint_deferred
+    from soulmem_torch._signals import sigint_deferred
 
     eptr = union.eptr
     edges = plan.edges
@@ -267,7 +267,7 @@ def apply_plan(
     for p, c in zip(*(t.tolist() for t in runs)):
         offsets[p] = (at, at + c)
         at += c
-    with _sigint_deferred():
+    with sigint_deferred():
         for p, twins in copies.items():
             wm = memories[p].working_memory
             cluster = wm.cluster

@@ -36,10 +36,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -47,6 +45,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
+from soulmem_torch._signals import sigint_deferred
 from soulmem_torch.errors import LLMError, ValidationError
 from soulmem_torch.forget.align import align_sem_fields
 from soulmem_torch.forget.decay import (
@@ -381,34 +380,6 @@ def _copy_text(note: Any, work: Any) -> None:
             dst.concept_type = src.concept_type
 
 
-@contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Holds a SIGINT that arrives inside the block and delivers it at the block's end.
-
-    Only in the main thread (where Python runs signal handlers); elsewhere a no-op.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[tuple[int, Any]] = []
-    try:
-        previous = signal.signal(
-            signal.SIGINT, lambda signum, frame: received.append((signum, frame))
-        )
-    except (ValueError, OSError):  # pragma: no cover - not the main interpreter
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            if callable(previous):
-                previous(*received[0])
-            elif previous != signal.SIG_IGN:
-                raise KeyboardInterrupt
-
-
 def _default_embed_notes() -> Callable[[list[Any], Any], list[Any]]:
     from soulmem_torch.embedding import embed_notes  # lazy: wired by the embedding package
 
@@ -570,7 +541,7 @@ async def forget_cluster(
     )
 
     # The commit: no await from here on, so a task.cancel() cannot split it.
-    with _sigint_deferred(), adapter.locked():
+    with sigint_deferred(), adapter.locked():
         gone = [i for i in changed if not adapter.present(i)]
         for i in gone:
             report.failures.append(

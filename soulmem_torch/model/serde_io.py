@@ -10,7 +10,7 @@ from typing import Any
 import pydantic
 
 from soulmem_torch.errors import ValidationError
-from soulmem_torch.model._describe import describe_validation_error
+from soulmem_torch.model.describe import describe_validation_error
 from soulmem_torch.model.notes import MemoryNote
 
 __all__ = ["dump_notes_json", "load_notes_json", "memory_note_json_schema", "parse_notes_text"]

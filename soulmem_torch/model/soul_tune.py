@@ -21,7 +21,7 @@ from typing import Any
 import pydantic
 
 from soulmem_torch.errors import GraphLoadError
-from soulmem_torch.model._describe import describe_validation_error
+from soulmem_torch.model.describe import describe_validation_error
 from soulmem_torch.model.ids import LinkId, MemoryId
 from soulmem_torch.model.links import MemoryLink
 from soulmem_torch.model.notes import MemoryNote

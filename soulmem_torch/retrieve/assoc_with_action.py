@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -11,16 +11,12 @@ from torch import Tensor
 
 from soulmem_torch.functional.codes import NODE_ABSTRACT
 from soulmem_torch.model import MemoryId
-from soulmem_torch.retrieve._engine import (
-    run_association,
-    situation_mask,
-    sources_matrix,
-    topk_lists,
-    topk_mask,
-)
-from soulmem_torch.retrieve._request import graph_of, run_grouped
+from soulmem_torch.retrieve.batches import run_grouped
 from soulmem_torch.retrieve.bayes_action import bayes_actions
+from soulmem_torch.retrieve.columns import situation_mask, sources_matrix, topk_lists, topk_mask
 from soulmem_torch.retrieve.config import AssociateWithActionConfig
+from soulmem_torch.retrieve.propagation import run_association
+from soulmem_torch.retrieve.requests import AssociateWithActionRequest
 
 __all__ = [
     "AssociateWithActionRequest",
@@ -31,20 +27,6 @@ __all__ = [
 
 if TYPE_CHECKING:
     from soulmem_torch.graph import MemoryGraph
-    from soulmem_torch.retrieve._types import MemorySource
-
-
-@dataclass
-class AssociateWithActionRequest:
-    """Seeds ``[(MemoryId, f32 score)]`` (e.g. similarity results) on a working memory."""
-
-    working_memory: MemorySource
-    source: list[tuple[MemoryId, float]]
-    config: AssociateWithActionConfig = field(default_factory=AssociateWithActionConfig)
-    device: torch.device | str | None = None
-
-    def graph(self) -> MemoryGraph:
-        return graph_of(self.working_memory, self.device)
 
 
 @dataclass

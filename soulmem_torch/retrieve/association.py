@@ -3,34 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
 from soulmem_torch.model import MemoryId
-from soulmem_torch.retrieve._engine import run_association, sources_matrix, topk_lists
-from soulmem_torch.retrieve._request import graph_of, run_grouped
+from soulmem_torch.retrieve.batches import run_grouped
+from soulmem_torch.retrieve.columns import sources_matrix, topk_lists
 from soulmem_torch.retrieve.config import AssociationConfig
+from soulmem_torch.retrieve.propagation import run_association
+from soulmem_torch.retrieve.requests import AssociationRequest
 
 __all__ = ["AssociationRequest", "RetrAssociation"]
 
 if TYPE_CHECKING:
     from soulmem_torch.graph import MemoryGraph
-    from soulmem_torch.retrieve._types import MemorySource
-
-
-@dataclass
-class AssociationRequest:
-    """Sources ``[(MemoryId, f32 score)]`` on a working memory, with a config and a device."""
-
-    working_memory: MemorySource
-    source: list[tuple[MemoryId, float]]
-    config: AssociationConfig = field(default_factory=AssociationConfig)
-    device: torch.device | str | None = None
-
-    def graph(self) -> MemoryGraph:
-        return graph_of(self.working_memory, self.device)
 
 
 class RetrAssociation:

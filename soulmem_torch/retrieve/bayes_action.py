@@ -3,35 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from soulmem_torch.functional.bayes import bayes_action_candidates, bayes_action_scores
 from soulmem_torch.model import MemoryId
-from soulmem_torch.retrieve._engine import sources_matrix, topk_lists
-from soulmem_torch.retrieve._request import graph_of, run_grouped
-from soulmem_torch.retrieve.config import BayesActionConfig
+from soulmem_torch.retrieve.batches import run_grouped
+from soulmem_torch.retrieve.columns import sources_matrix, topk_lists
+from soulmem_torch.retrieve.requests import BayesActionRequest
 
 __all__ = ["BayesActionRequest", "RetrBayesAction", "bayes_actions"]
 
 if TYPE_CHECKING:
     from soulmem_torch.graph import MemoryGraph
-    from soulmem_torch.retrieve._types import MemorySource
-
-
-@dataclass
-class BayesActionRequest:
-    """Sources ``[(MemoryId, f64 weight)]`` on a working memory."""
-
-    working_memory: MemorySource
-    source: list[tuple[MemoryId, float]]
-    config: BayesActionConfig = field(default_factory=BayesActionConfig)
-    device: torch.device | str | None = None
-
-    def graph(self) -> MemoryGraph:
-        return graph_of(self.working_memory, self.device)
 
 
 def bayes_actions(

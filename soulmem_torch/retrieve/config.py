@@ -27,14 +27,17 @@ __all__ = [
     "parse_request_config",
 ]
 
+from soulmem_torch.retrieve.requests import (
+    AssociateWithActionRequest,
+    AssociationRequest,
+    BayesActionRequest,
+    DefaultPipelineRequest,
+    ShortOnlyRequest,
+    SimilarityRequest,
+)
+
 if TYPE_CHECKING:
     from soulmem_torch.retrieve._types import MemorySource
-    from soulmem_torch.retrieve.assoc_with_action import AssociateWithActionRequest
-    from soulmem_torch.retrieve.association import AssociationRequest
-    from soulmem_torch.retrieve.bayes_action import BayesActionRequest
-    from soulmem_torch.retrieve.pipeline import DefaultPipelineRequest
-    from soulmem_torch.retrieve.short_only import ShortOnlyRequest
-    from soulmem_torch.retrieve.similarity import SimilarityRequest
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -112,7 +115,6 @@ class SimilarityConfig(BaseModel):
         self, working_memory: MemorySource, query: Any, *, embedder: Any = None, device: Any = None
     ) -> SimilarityRequest:
         """A request over ``working_memory`` for ``query`` (see ``SimilarityRequest``)."""
-        from soulmem_torch.retrieve.similarity import SimilarityRequest
 
         return SimilarityRequest(working_memory, query, self, embedder=embedder, device=device)
 
@@ -173,7 +175,6 @@ class AssociationConfig(BaseModel):
         self, working_memory: MemorySource, source: Any, *, device: Any = None
     ) -> AssociationRequest:
         """A request with ``source = [(MemoryId, f32 score)]``."""
-        from soulmem_torch.retrieve.association import AssociationRequest
 
         return AssociationRequest(working_memory, list(source), self, device)
 
@@ -197,7 +198,6 @@ class BayesActionConfig(BaseModel):
         self, working_memory: MemorySource, source: Any, *, device: Any = None
     ) -> BayesActionRequest:
         """A request with ``source = [(MemoryId, f64 weight)]``."""
-        from soulmem_torch.retrieve.bayes_action import BayesActionRequest
 
         return BayesActionRequest(working_memory, list(source), self, device)
 
@@ -214,7 +214,6 @@ class ShortOnlyConfig(BaseModel):
     include_summary: bool = False
 
     def into_request(self, working_memory: MemorySource) -> ShortOnlyRequest:
-        from soulmem_torch.retrieve.short_only import ShortOnlyRequest
 
         return ShortOnlyRequest(working_memory, self)
 
@@ -232,7 +231,6 @@ class AssociateWithActionConfig(BaseModel):
         self, working_memory: MemorySource, source: Any, *, device: Any = None
     ) -> AssociateWithActionRequest:
         """A request with seeds ``source = [(MemoryId, f32 score)]``."""
-        from soulmem_torch.retrieve.assoc_with_action import AssociateWithActionRequest
 
         return AssociateWithActionRequest(working_memory, list(source), self, device)
 
@@ -340,10 +338,9 @@ class DefaultPipelineConfig(BaseModel):
     ) -> DefaultPipelineRequest:
         """A pipeline request for one query (see ``DefaultPipelineRequest``); ``now``: when
         the question is asked (an aware datetime; the ``time`` channel reads it)."""
-        from soulmem_torch.retrieve.pipeline import DefaultPipelineRequest
 
         return DefaultPipelineRequest(
-            working_memory, query, priority, self, embedder=embedder, device=device, now=now
+            working_memory, query, priority, config=self, embedder=embedder, device=device, now=now
         )
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from soulmem_torch.errors import ValidationError
 from soulmem_torch.model import MemoryId
-from soulmem_torch.model._describe import describe_validation_error
+from soulmem_torch.model.describe import describe_validation_error
 from soulmem_torch.model.query import MemoryRetrieveQuery
 from soulmem_torch.retrieve.config import DefaultPipelineConfig, SimilarityConfig
 from soulmem_torch.retrieve.metrics import RankingMetrics, ranking_metrics

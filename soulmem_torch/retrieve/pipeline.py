@@ -14,21 +14,15 @@ from soulmem_torch.functional.fusion import (
     rank_fusion,
     relative_seeds,
     score_dispersion,
-    undirected_edges,
 )
-from soulmem_torch.functional.ppr import TransitionOperator, build_transition
-from soulmem_torch.functional.similarity import BlendWeights
 from soulmem_torch.model import MemoryId
-from soulmem_torch.retrieve._engine import (
-    _weight_key,
-    edge_weights,
-    power_ppr,
-    topk_lists,
-    topk_mask,
-)
-from soulmem_torch.retrieve._request import graph_of, run_grouped
 from soulmem_torch.retrieve.assoc_with_action import associate_with_action
+from soulmem_torch.retrieve.batches import run_grouped
+from soulmem_torch.retrieve.columns import topk_lists, topk_mask
 from soulmem_torch.retrieve.config import AssociationConfig, DefaultPipelineConfig
+from soulmem_torch.retrieve.operators import undirected_transition
+from soulmem_torch.retrieve.propagation import power_ppr
+from soulmem_torch.retrieve.requests import DefaultPipelineRequest
 from soulmem_torch.retrieve.short_only import RetrShortOnly
 from soulmem_torch.retrieve.similarity import (
     effective_weights,
@@ -44,25 +38,10 @@ __all__ = [
     "DefaultPipelineResult",
     "RetrDefaultPipeline",
     "undirected_association",
-    "undirected_transition",
 ]
 
 if TYPE_CHECKING:
     from soulmem_torch.graph import MemoryGraph
-    from soulmem_torch.retrieve._types import MemorySource
-
-
-def undirected_transition(graph: MemoryGraph, config: AssociationConfig) -> TransitionOperator:
-    """The transition that follows every link both ways (:func:`~soulmem_torch.functional.fusion.
-    undirected_edges`, the links' dynamic weights of docs/spec.md §5), built once per snapshot and
-    preference / factors and cached on the snapshot."""
-    key = ("transition_undirected", *_weight_key(config))
-    cached = graph.cache.get(key)
-    if cached is None:
-        edge_index, weight = undirected_edges(graph.edge_index, edge_weights(graph, config))
-        cached = build_transition(edge_index, weight, num_nodes=int(graph.num_nodes))
-        graph.cache[key] = cached
-    return cached
 
 
 def undirected_association(
@@ -70,7 +49,7 @@ def undirected_association(
 ) -> Tensor:
     """PPR of every column on :func:`undirected_transition`: the ``graph_undirected`` channel.
 
-    Always the ``power`` method (``retrieve._engine.power_ppr``: the exact dense solve up to
+    Always the ``power`` method (:func:`~soulmem_torch.retrieve.propagation.power_ppr`: the exact dense solve up to
     ``power_dense_max_nodes`` notes, else the batched power iteration with ``config``'s damping,
     ``power_tol``, ``power_dtype``, ``power_local``; its ``method`` is for the original's
     directed association). Columns with
@@ -130,23 +109,6 @@ def channel_weights(
         [score_dispersion(similarity, mask), score_dispersion(text, mask)]
     )
     return [w_text if c == "text" else w_sim for c in config.channels]
-
-
-@dataclass
-class DefaultPipelineRequest:
-    """One query (as for ``SimilarityRequest``) with a priority that is passed through."""
-
-    working_memory: MemorySource
-    query: Any
-    priority: int = 0
-    config: DefaultPipelineConfig = field(default_factory=DefaultPipelineConfig)
-    embedder: Any = None
-    device: torch.device | str | None = None
-    weights: BlendWeights | None = None
-    now: Any = None  # when the question is asked (aware datetime): the ``time`` channel
-
-    def graph(self) -> MemoryGraph:
-        return graph_of(self.working_memory, self.device)
 
 
 @dataclass

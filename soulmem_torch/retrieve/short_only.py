@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from soulmem_torch.errors import ValidationError
-from soulmem_torch.retrieve.config import ShortOnlyConfig
+from soulmem_torch.retrieve.requests import ShortOnlyRequest
 
 __all__ = ["RetrShortOnly", "ShortOnlyRequest"]
 
 if TYPE_CHECKING:
     from soulmem_torch.retrieve._types import MemorySource
-
-
-@dataclass
-class ShortOnlyRequest:
-    working_memory: MemorySource
-    config: ShortOnlyConfig = field(default_factory=ShortOnlyConfig)
 
 
 def _window(memory: MemorySource) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -12,9 +11,10 @@ from torch import Tensor
 from soulmem_torch.errors import ValidationError
 from soulmem_torch.functional.similarity import BlendWeights, cosine_scores
 from soulmem_torch.model import MemoryId
-from soulmem_torch.retrieve._engine import topk_lists
-from soulmem_torch.retrieve._request import graph_of, run_grouped
+from soulmem_torch.retrieve.batches import run_grouped
+from soulmem_torch.retrieve.columns import topk_lists
 from soulmem_torch.retrieve.config import SimilarityConfig
+from soulmem_torch.retrieve.requests import SimilarityRequest
 
 __all__ = [
     "RetrSimilarity",
@@ -29,34 +29,13 @@ if TYPE_CHECKING:
     from soulmem_torch.retrieve._types import MemorySource
 
 
-@dataclass
-class SimilarityRequest:
-    """One query against a working memory.
-
-    ``query`` is a ``MemoryRetrieveQuery`` (or its JSON dict; embedded with ``embedder``), a
-    ``QueryEmbeddingBatch`` of one query (already embedded), or — plain mode, one vector per
-    note — a ``(D,)`` tensor or a string (embedded with ``embedder``) scored by plain cosine
-    against the notes' single vectors.
-    """
-
-    working_memory: MemorySource
-    query: Any
-    config: SimilarityConfig = field(default_factory=SimilarityConfig)
-    embedder: Any = None
-    device: torch.device | str | None = None
-    weights: BlendWeights | None = None
-
-    def graph(self) -> MemoryGraph:
-        return graph_of(self.working_memory, self.device)
-
-
 def _notes_of(memory: MemorySource) -> list[Any] | None:
     cluster = getattr(memory, "cluster", memory)
     notes = getattr(cluster, "notes", None)
     return list(notes()) if callable(notes) else None
 
 
-def _identifier_index(graph: MemoryGraph, memory: MemorySource) -> Any:
+def identifier_index(graph: MemoryGraph, memory: MemorySource) -> Any:
     """The exact-identifier index of the notes, built once per snapshot (None without notes;
     that is not cached, so a later call that knows the notes still builds the index)."""
     key = "identifier_index"
@@ -70,7 +49,8 @@ def _identifier_index(graph: MemoryGraph, memory: MemorySource) -> Any:
     return graph.cache[key]
 
 
-def _is_plain(query: Any) -> bool:
+def is_plain_query(query: Any) -> bool:
+    """A plain query (a ``(D,)`` tensor or a text) rather than a structured one."""
     return isinstance(query, (Tensor, str))
 
 
@@ -86,12 +66,12 @@ def similarity_scores(
     if not queries:
         return torch.zeros(0, int(graph.num_nodes), device=graph.device)
     device = graph.device
-    if all(_is_plain(q) for q in queries):
+    if all(is_plain_query(q) for q in queries):
         return _plain_scores(graph, queries, embedder)
     batch, embedded = structured_batch(queries, embedder, device)
     string = None
     if embedded:  # raw queries: their identifiers may match notes exactly
-        index = _identifier_index(graph, memory)
+        index = identifier_index(graph, memory)
         if index is not None:
             from soulmem_torch.embedding.identifiers import string_scores
 
@@ -110,7 +90,7 @@ def structured_batch(queries: Sequence[Any], embedder: Any, device: Any) -> tupl
     """
     from soulmem_torch.embedding.query_embedding import QueryEmbeddingBatch, embed_queries
 
-    if any(_is_plain(q) for q in queries):
+    if any(is_plain_query(q) for q in queries):
         raise ValidationError(
             "query: a batch must be all structured queries or all plain (tensor / text) queries"
         )
@@ -220,7 +200,7 @@ class RetrSimilarity:
 
         def key(rg: tuple[SimilarityRequest, Any]) -> Any:
             r, g = rg
-            return (id(g), r.config, id(r.embedder), r.weights, _is_plain(r.query))
+            return (id(g), r.config, id(r.embedder), r.weights, is_plain_query(r.query))
 
         def run(group: list[tuple[SimilarityRequest, Any]]) -> list[Any]:
             first, graph = group[0]

@@ -1,7 +1,7 @@
 """The memory store: notes, embeddings and readable ids in one SQLite database.
 
 A store is a directory holding ``store.sqlite3`` (and SQLite's ``-wal`` / ``-shm`` files) and
-``LOCK``; the tables are described in :mod:`soulmem_torch.store._db`. What it guarantees:
+``LOCK``; the tables are described in :mod:`soulmem_torch.store.db`. What it guarantees:
 
 **Writes are transactions.** :meth:`MemoryStore.save` (the whole memory),
 :meth:`MemoryStore.add_notes` (add or replace some notes) and :meth:`MemoryStore.remove_notes`
@@ -53,7 +53,6 @@ Example:
 
 from __future__ import annotations
 
-from soulmem_torch.store._db import StoreWriteError
 from soulmem_torch.store._legacy import (
     CURRENT_FILE,
     DEFAULT_LOCK_TIMEOUT,
@@ -83,6 +82,7 @@ from soulmem_torch.store._store import (
     MemoryStore,
     StoreExistsError,
 )
+from soulmem_torch.store.db import StoreWriteError
 
 __all__ = [
     "CURRENT_FILE",

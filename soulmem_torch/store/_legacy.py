@@ -113,7 +113,7 @@ from soulmem_torch.embedding.identity import (
     same_embedder,
 )
 from soulmem_torch.errors import SoulMemError, StoreError, ValidationError
-from soulmem_torch.model._describe import describe_validation_error
+from soulmem_torch.model.describe import describe_validation_error
 from soulmem_torch.model.ids import LinkId, MemoryId
 from soulmem_torch.model.links import MemoryLink
 from soulmem_torch.model.notes import MemoryNote

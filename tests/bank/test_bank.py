@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from soulmem_torch import HashingEmbedder, MemoryBank, SoulMem
-from soulmem_torch.bank import _union
-from soulmem_torch.bank._union import segment_power_ppr, segment_power_ppr_channels
+from soulmem_torch.bank import _operators, _union
+from soulmem_torch.bank._operators import segment_power_ppr, segment_power_ppr_channels
 from soulmem_torch.errors import ConfigError, NotFoundError, SoulMemError, ValidationError
 from soulmem_torch.retrieve import (
     AssociateWithActionConfig,
@@ -19,8 +19,8 @@ from soulmem_torch.retrieve import (
     RetrDefaultPipeline,
     SimilarityConfig,
 )
-from soulmem_torch.retrieve._engine import run_association
 from soulmem_torch.retrieve.config import AssociationConfig
+from soulmem_torch.retrieve.propagation import run_association
 
 from .helpers import (
     TEXTS,
@@ -189,7 +189,7 @@ def test_stacked_channels_equal_separate_runs(device, monkeypatch, per_agent) ->
     only_some[1::2] = False  # the directed channel answers every other row only
     runs = {}
     for use_scipy in (False, True):
-        monkeypatch.setattr(_union, "USE_SCIPY", use_scipy)
+        monkeypatch.setattr(_operators, "USE_SCIPY", use_scipy)
         runs[use_scipy] = segment_power_ppr_channels(
             union, cfg, agents, weights, keys, [only_some, ok], undirected=[False, True]
         )
@@ -409,7 +409,8 @@ def test_threads_may_share_a_bank() -> None:
 def test_a_change_splices_the_union_operator() -> None:
     """After a change only the changed agents are re-read: the spliced union and operator
     equal ones built from scratch."""
-    from soulmem_torch.bank._union import build_union, union_transition
+    from soulmem_torch.bank._operators import union_transition
+    from soulmem_torch.bank._union import build_union
 
     bank = MemoryBank(embedder=HashingEmbedder(dim=4))
     for a in range(5):

@@ -17,7 +17,8 @@ from soulmem_torch.bank import MemoryBank
 from soulmem_torch.bank._persist import BANK_DB, DamagedAgentError, DamagedAgentWarning
 from soulmem_torch.errors import StoreError, ValidationError
 from soulmem_torch.model import MemoryNote, SemMemory
-from soulmem_torch.store import StoreWriteError, _db
+from soulmem_torch.store import StoreWriteError
+from soulmem_torch.store import db as store_db
 from tests.bank.helpers import sample_notes
 
 
@@ -58,16 +59,16 @@ def test_a_refused_write_leaves_memory_and_disk_as_they_were(tmp_path: Path) -> 
 
 def test_a_disk_error_rolls_the_agent_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bank = _bank(tmp_path)
-    real = _db.Database.commit_version
+    real = store_db.Database.commit_version
 
     def full(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(_db.Database, "commit_version", full)
+    monkeypatch.setattr(store_db.Database, "commit_version", full)
     for agent in ("npc-0", "brand-new"):
         with pytest.raises(StoreWriteError, match="disk is full"):
             bank.write_notes(tmp_path, agent, [_note("refused: the disk is full")])
-    monkeypatch.setattr(_db.Database, "commit_version", real)
+    monkeypatch.setattr(store_db.Database, "commit_version", real)
     assert len(bank.agent("npc-0")) == 20 and "brand-new" not in bank
     texts = [r.association for r in bank.ask(["npc-0"], ["refused: the disk is full"])]
     refused = {n.id for n in bank.agent("npc-0").cluster.notes() if "refused" in n.to_json()}
@@ -176,7 +177,7 @@ def test_a_store_is_not_a_bank(tmp_path: Path) -> None:
 
 def test_another_embedder_reembeds_and_a_write_rewrites_that_agent_whole(tmp_path: Path) -> None:
     from soulmem_torch.embedding import HashingEmbedder
-    from soulmem_torch.store._codec import decode_embedding
+    from soulmem_torch.store.codec import decode_embedding
 
     bank = MemoryBank(embedder=HashingEmbedder(64))
     bank.add_agent("npc-0", sample_notes(list(range(5))))

@@ -22,8 +22,8 @@ from soulmem_torch.retrieve import (
     RetrDefaultPipeline,
     SimilarityConfig,
 )
-from soulmem_torch.retrieve._engine import run_association
 from soulmem_torch.retrieve.pipeline import undirected_association
+from soulmem_torch.retrieve.propagation import run_association
 
 from .helpers import TEXTS, assert_same_result, random_agent_graph, sample_notes
 

@@ -476,9 +476,9 @@ def test_forget_killed_mid_save_leaves_the_previous_version(
         """
         import os
 
-        from soulmem_torch.store import _db
+        from soulmem_torch.store import db as store_db
 
-        _digest = _db.NoteRow.digest
+        _digest = store_db.NoteRow.digest
         calls = []
 
         def _half_then_die(self, agent):
@@ -487,7 +487,7 @@ def test_forget_killed_mid_save_leaves_the_previous_version(
                 os._exit(3)
             return _digest(self, agent)
 
-        _db.NoteRow.digest = _half_then_die
+        store_db.NoteRow.digest = _half_then_die
 
         async def complete(system, user):
             return user.removeprefix("Masked text: ").replace("[masked]", "?")

@@ -27,7 +27,7 @@ from soulmem_torch.bank.serve import (  # noqa: E402
     create_app,
 )
 from soulmem_torch.errors import StoreError, ValidationError  # noqa: E402
-from soulmem_torch.store import _db  # noqa: E402
+from soulmem_torch.store import db as store_db  # noqa: E402
 from tests.bank.helpers import sample_notes  # noqa: E402
 
 
@@ -68,7 +68,7 @@ def test_disk_full_is_503_and_rolled_back(bank_dir: Path, monkeypatch: pytest.Mo
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with _client(bank_dir) as client:
-        monkeypatch.setattr(_db.Database, "commit_version", full)
+        monkeypatch.setattr(store_db.Database, "commit_version", full)
         r = client.post("/agents/npc-0/notes", json={"notes": [_serde("refused write")]})
         assert r.status_code == 503 and "disk is full" in r.json()["error"]
         monkeypatch.undo()
@@ -270,7 +270,7 @@ def test_serve_reuses_the_banks_recorded_embedder(tmp_path: Path) -> None:
         data["embedder"]["spec"] = "my_pkg.embedders:make"
         text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         conn.execute("UPDATE versions SET info = ?, sha = ?",
-                     (text, _db.version_digest(gen, written, text)))  # fmt: skip
+                     (text, store_db.version_digest(gen, written, text)))  # fmt: skip
     args.embedder = None
     with pytest.raises(CLIError, match="pass --embedder my_pkg.embedders:make"):
         _bank_embedder(args)

@@ -104,24 +104,25 @@ def test_kill_9_during_imports_leaves_a_whole_version(tmp_path: Path) -> None:
 
 KILL_AT = """
 import os, signal, sys
-from soulmem_torch.store import MemoryStore, _db
+from soulmem_torch.store import MemoryStore
+from soulmem_torch.store import db as store_db
 from tests.store._helpers import notes
 where = sys.argv[2]
 if where == "mid-rows":  # SIGKILL while the rows are being inserted
     calls = []
-    real_digest = _db.NoteRow.digest
+    real_digest = store_db.NoteRow.digest
     def dying_digest(self, agent):
         calls.append(1)
         if len(calls) == 3:
             os.kill(os.getpid(), signal.SIGKILL)
         return real_digest(self, agent)
-    _db.NoteRow.digest = dying_digest
+    store_db.NoteRow.digest = dying_digest
 else:  # SIGKILL after every row and the version row, just before COMMIT
-    real_commit = _db.Database.commit_version
+    real_commit = store_db.Database.commit_version
     def dying_commit(self, *args, **kwargs):
         real_commit(self, *args, **kwargs)
         os.kill(os.getpid(), signal.SIGKILL)
-    _db.Database.commit_version = dying_commit
+    store_db.Database.commit_version = dying_commit
 MemoryStore(sys.argv[1]).save(notes(0, 5))
 """
 

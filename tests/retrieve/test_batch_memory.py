@@ -29,9 +29,9 @@ from soulmem_torch.retrieve import (
     RetrDefaultPipeline,
     RetrSimilarity,
     SimilarityConfig,
-    _request,
+    batches,
 )
-from soulmem_torch.retrieve._engine import (
+from soulmem_torch.retrieve.batches import (
     BATCH_BYTES_PER_NOTE,
     DEFAULT_MAX_BATCH_BYTES,
     batch_chunk_size,
@@ -75,7 +75,7 @@ def test_run_grouped_runs_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
         return [r for r, _ in group]
 
     requests = [(i, graph) for i in range(10)]
-    assert _request.run_grouped(requests, key=lambda rg: 0, run=run) == list(range(10))
+    assert batches.run_grouped(requests, key=lambda rg: 0, run=run) == list(range(10))
     assert sizes == [3, 3, 3, 1]
 
 

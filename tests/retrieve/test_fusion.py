@@ -25,7 +25,6 @@ from soulmem_torch.retrieve import (
     RetrDefaultPipeline,
     SimilarityConfig,
 )
-from soulmem_torch.retrieve._engine import edge_weights
 from soulmem_torch.retrieve.config import PprMethod
 from soulmem_torch.retrieve.evaluation import (
     ablation_configs,
@@ -33,6 +32,7 @@ from soulmem_torch.retrieve.evaluation import (
     format_ablation,
     load_suite,
 )
+from soulmem_torch.retrieve.operators import edge_weights
 from soulmem_torch.retrieve.pipeline import undirected_association
 from soulmem_torch.retrieve.text import (
     build_text_index,

@@ -15,8 +15,9 @@ from soulmem_torch.retrieve import (
     AssociationConfig,
     DefaultPipelineConfig,
     RetrAssociation,
-    _engine,
+    operators,
     parse_request_config,
+    propagation,
 )
 from soulmem_torch.retrieve.config import MAX_DENSE_NODES, POWER_DENSE_MAX_NODES
 from soulmem_torch.retrieve.pipeline import undirected_association
@@ -48,9 +49,9 @@ def assert_same(got: list, want: list, tol: float = 1e-8) -> None:
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Counts the calls of the two kernels ``_engine.power_ppr`` chooses between."""
+    """Counts the calls of the two kernels ``propagation.power_ppr`` chooses between."""
     calls = {"dense": 0, "power": 0}
-    dense, power = _engine.ppr_dense, _engine.ppr_power_iteration
+    dense, power = propagation.ppr_dense, propagation.ppr_power_iteration
 
     def spy_dense(*args, **kwargs):
         calls["dense"] += 1
@@ -60,8 +61,8 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         calls["power"] += 1
         return power(*args, **kwargs)
 
-    monkeypatch.setattr(_engine, "ppr_dense", spy_dense)
-    monkeypatch.setattr(_engine, "ppr_power_iteration", spy_power)
+    monkeypatch.setattr(propagation, "ppr_dense", spy_dense)
+    monkeypatch.setattr(propagation, "ppr_power_iteration", spy_power)
     return calls
 
 
@@ -179,7 +180,7 @@ def test_dense_factors_are_cached_with_the_snapshot() -> None:
     cfg = AssociationConfig()
     RetrAssociation().retrieve(cfg.into_request(wm, [(names["cafe"], 1.0)]))
     graph = wm.graph()
-    op = _engine.transition(graph, cfg)
+    op = operators.transition(graph, cfg)
     assert ("dense_factors", 0.65) in op.cache
     first = op.cache[("dense_factors", 0.65)]
     RetrAssociation().retrieve(cfg.into_request(wm, [(names["rainy"], 1.0)]))

@@ -24,9 +24,9 @@ from soulmem_torch.store import (
     StoreDamagedError,
     StoreExistsError,
     StoreWriteError,
-    _db,
 )
-from soulmem_torch.store._codec import decode_embedding, encode_embedding
+from soulmem_torch.store import db as store_db
+from soulmem_torch.store.codec import decode_embedding, encode_embedding
 from tests.store._helpers import note, notes
 
 EMB = HashingEmbedder(64)
@@ -60,7 +60,7 @@ def test_embedding_blob_is_exact_and_compact() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_embedding_blobs_are_bit_exact_dense_or_sparse(dtype: torch.dtype) -> None:
     from soulmem_torch.embedding.fields import MemoryEmbedding
-    from soulmem_torch.store._codec import decode_embeddings
+    from soulmem_torch.store.codec import decode_embeddings
 
     gen = torch.Generator().manual_seed(3)
     dense = MemoryEmbedding(tag=torch.randn(16, generator=gen).to(dtype),
@@ -136,21 +136,21 @@ def test_a_failed_write_changes_nothing(
                                       concept_type="Entity", description="")) for i in range(60)]  # fmt: skip
     if how == "disk-full":  # SQLite's own SQLITE_FULL: the file may not grow any more
         pages = sqlite3.connect(tmp_path / DB_FILE).execute("PRAGMA page_count").fetchone()[0]
-        monkeypatch.setattr(_db.Database, "_configure",
+        monkeypatch.setattr(store_db.Database, "_configure",
                             lambda self, c: c.execute(f"PRAGMA max_page_count={pages + 2}"))  # fmt: skip
         with pytest.raises(StoreWriteError, match="the disk is full.*rolled back"):
             store.add_notes(big)
     else:  # an OSError (ENOSPC) in the middle of the transaction
-        real = _db.NoteRow.digest
+        real = store_db.NoteRow.digest
         calls = []
 
-        def failing(self: _db.NoteRow, agent: str) -> bytes:
+        def failing(self: store_db.NoteRow, agent: str) -> bytes:
             calls.append(1)
             if len(calls) == 30:
                 raise OSError(errno.ENOSPC, "No space left on device")
             return real(self, agent)
 
-        monkeypatch.setattr(_db.NoteRow, "digest", failing)
+        monkeypatch.setattr(store_db.NoteRow, "digest", failing)
         with pytest.raises(StoreWriteError, match="disk is full"):
             store.save(big)
     monkeypatch.undo()

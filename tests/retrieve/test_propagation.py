@@ -1,4 +1,5 @@
-"""The exact top-k selection equals a stable descending sort (ties keep node order)."""
+"""Association (``retrieve/propagation.py``) and the top-k of ``retrieve/columns.py``: the exact
+top-k selection equals a stable descending sort (ties keep node order)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from soulmem_torch.errors import DeviceResolutionError
-from soulmem_torch.retrieve._engine import _topk_select, resolve_device
+from soulmem_torch.retrieve.columns import topk_select
 
 
 @settings(max_examples=150, deadline=None)
@@ -22,7 +22,7 @@ def test_topk_select_equals_stable_sort(n: int, b: int, k: int, seed: int) -> No
     g = torch.Generator().manual_seed(seed)
     scores = torch.randint(0, 4, (n, b), generator=g).double()  # many ties
     present = torch.rand(n, b, generator=g) > 0.3
-    _, values, index, valid = _topk_select(scores, present, k)
+    _, values, index, valid = topk_select(scores, present, k)
     masked = torch.where(present, scores, torch.full_like(scores, float("-inf")))
     for c in range(b):
         vals, order = torch.sort(masked[:, c], descending=True, stable=True)
@@ -31,19 +31,9 @@ def test_topk_select_equals_stable_sort(n: int, b: int, k: int, seed: int) -> No
         assert got == ref
 
 
-def test_resolve_device() -> None:
-    assert resolve_device(None) == torch.device("cpu")
-    assert resolve_device("auto").type in ("cpu", "cuda")
-    with pytest.raises(DeviceResolutionError, match="device"):
-        resolve_device("tpu:banana")
-    if not torch.cuda.is_available():
-        with pytest.raises(DeviceResolutionError, match="CUDA"):
-            resolve_device("cuda")
-
-
 def test_auto_method_is_exact_on_small_cpu_graphs_and_power_elsewhere() -> None:
-    from soulmem_torch.retrieve._engine import resolve_method
     from soulmem_torch.retrieve.config import AUTO_SEQUENTIAL_MAX_NODES, PprMethod
+    from soulmem_torch.retrieve.propagation import resolve_method
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_method(PprMethod.AUTO, num_nodes=34, device=cpu) is PprMethod.SEQUENTIAL

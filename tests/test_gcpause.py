@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from soulmem_torch.retrieve import _gcpause
-from soulmem_torch.retrieve._gcpause import gc_paused
+from soulmem_torch import _gcpause
+from soulmem_torch._gcpause import gc_paused
 
 
 @pytest.fixture(autouse=True)

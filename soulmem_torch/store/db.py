@@ -38,7 +38,7 @@ from typing import Any
 
 from soulmem_torch.errors import StoreError
 from soulmem_torch.model.timestamp import Timestamp
-from soulmem_torch.store._codec import chunks_of, row_digest
+from soulmem_torch.store.codec import chunks_of, row_digest
 
 __all__ = ["Database", "NoteRow", "StoreWriteError"]
 

@@ -1,0 +1,294 @@
+"""A memory's notes as database rows and back, and the checks every write makes first: the
+building blocks that ``MemoryStore`` and a ``MemoryBank``'s database (``bank/_persist.py``)
+share (one row per note: its JSON, readable id, embedding blob and checksum, see
+:mod:`soulmem_torch.store.db`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import torch
+
+from soulmem_torch import __version__
+from soulmem_torch.embedding.fields import FIELD_NAMES, MemoryEmbedding
+from soulmem_torch.embedding.identity import EmbedderIdentity
+from soulmem_torch.errors import StoreError, ValidationError
+from soulmem_torch.model.describe import describe_validation_error
+from soulmem_torch.model.ids import MemoryId
+from soulmem_torch.model.notes import MemoryNote
+from soulmem_torch.store._legacy import (
+    DEFAULT_LOCK_TIMEOUT,
+    FORMAT_NAME,
+    MANIFEST_CHECKSUM_KEY,
+    DirectoryStore,
+    manifest_checksum,
+)
+from soulmem_torch.store.codec import CodecError, decode_embeddings, encode_embedding
+from soulmem_torch.store.db import NoteRow, version_name
+
+__all__ = [
+    "DEFAULT_KEEP_VERSIONS",
+    "STORE_FORMAT_VERSION",
+    "align_embeddings",
+    "check_keep_versions",
+    "check_lock_timeout",
+    "check_notes",
+    "check_utf8",
+    "counts_of",
+    "decode_rows",
+    "layout_of",
+    "manifest_of",
+    "note_rows",
+    "validate_embeddings",
+    "version_info",
+]
+
+DEFAULT_KEEP_VERSIONS = 50
+"""Versions a store keeps by default (``$SOULMEM_KEEP_VERSIONS`` overrides it)."""
+STORE_FORMAT_VERSION = 2
+
+
+def _env_number(name: str, default: float, kind: type, what: str) -> Any:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValidationError(f"${name}: expected {what}, found {text!r}") from None
+
+
+def check_keep_versions(value: Any) -> int:
+    if value is None:
+        value = _env_number("SOULMEM_KEEP_VERSIONS", DEFAULT_KEEP_VERSIONS, int, "an int ≥ 1")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValidationError(f"keep_versions: expected an int ≥ 1, found {value!r}")
+    return int(value)
+
+
+def check_lock_timeout(value: Any) -> float:
+    if value is None:
+        value = _env_number(
+            "SOULMEM_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT, float, "a number of seconds > 0"
+        )
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool)) or not (
+        0 < value < float("inf")
+    ):
+        raise ValidationError(
+            f"lock_timeout: expected a finite number of seconds > 0, found {value!r}"
+        )
+    return float(value)
+
+
+def check_utf8(text: str, where: str) -> None:
+    """Refuses text SQLite cannot store (lone surrogates such as a cut-off emoji)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.end].encode("unicode_escape").decode("ascii")
+        raise ValidationError(
+            f"{where}: holds {bad!r} at character {exc.start}, which is not valid Unicode text "
+            "(a lone UTF-16 surrogate, e.g. half of an emoji); nothing was written"
+        ) from None
+
+
+def validate_embeddings(embeddings: Sequence[MemoryEmbedding | None]) -> int | None:
+    """Checks every embedding (tensor types, one width, finite, known fields); returns D."""
+    dim: int | None = None
+    for i, emb in enumerate(embeddings):
+        if emb is None:
+            continue
+        if not isinstance(emb, MemoryEmbedding):
+            raise ValidationError(
+                f"embeddings[{i}]: expected a MemoryEmbedding or None, found {type(emb).__name__}"
+            )
+        where = f"embeddings[{i}]"
+        for what, vec in [
+            ("tag", emb.tag),
+            *((f"fields[{k!r}]", v) for k, v in emb.fields.items()),
+        ]:
+            if not isinstance(vec, torch.Tensor):
+                raise ValidationError(
+                    f"{where}.{what}: expected a torch.Tensor, found {type(vec).__name__}"
+                )
+        emb.validate(dim=dim, where=where)
+        if dim is None:
+            dim = int(emb.tag.shape[0])
+    return dim
+
+
+def layout_of(embeddings: Sequence[MemoryEmbedding | None]) -> dict[str, Any] | None:
+    """``{"dim", "dtype", "fields", "count"}`` of the embeddings (``None`` when none)."""
+    present = [e for e in embeddings if e is not None]
+    if not present:
+        return None
+    dtype = present[0].tag.dtype
+    names: set[str] = set()
+    for e in present:
+        for v in (e.tag, *e.fields.values()):
+            if v.dtype != dtype:
+                dtype = torch.promote_types(dtype, v.dtype)
+        names.update(e.fields)
+    return {
+        "dim": int(present[0].tag.shape[0]),
+        "dtype": str(dtype).removeprefix("torch."),
+        "fields": [n for n in FIELD_NAMES if n in names],
+        "count": len(present),
+    }
+
+
+def note_rows(
+    notes: Sequence[MemoryNote],
+    embeddings: Sequence[MemoryEmbedding | None],
+    readable: Mapping[MemoryId, str],
+    positions: Sequence[int],
+) -> list[NoteRow]:
+    """The rows of validated notes (text checked for UTF-8, embeddings encoded)."""
+    rows = []
+    for i, (note, emb, pos) in enumerate(zip(notes, embeddings, positions)):
+        text = note.to_json()
+        check_utf8(text, f"notes[{i}] ({note.id})")
+        rid = readable.get(note.id)
+        if rid is not None:
+            check_utf8(rid, f"readable id of {note.id}")
+        rows.append(NoteRow(str(note.id), int(pos), text, rid,
+                            None if emb is None else encode_embedding(emb)))  # fmt: skip
+    return rows
+
+
+def check_notes(notes: Iterable[Any]) -> tuple[list[MemoryNote], dict[MemoryId, int]]:
+    notes = list(notes)
+    ids: dict[MemoryId, int] = {}
+    for i, note in enumerate(notes):
+        if not isinstance(note, MemoryNote):
+            raise ValidationError(f"notes[{i}]: expected a MemoryNote, found {type(note).__name__}")
+        if ids.setdefault(note.id, i) != i:
+            raise ValidationError(
+                f"notes[{i}]: duplicate note id {note.id} (also notes[{ids[note.id]}])"
+            )
+    return notes, ids
+
+
+def align_embeddings(
+    embeddings: Any, notes: Sequence[MemoryNote], note_ids: Mapping[MemoryId, int]
+) -> list[MemoryEmbedding | None]:
+    return DirectoryStore._align_embeddings(embeddings, notes, note_ids)
+
+
+def decode_rows(
+    where: str,
+    agent: str,
+    rows: Sequence[Sequence[Any]],
+    *,
+    hint: str,
+    embeddings: Sequence[MemoryEmbedding | None] | None = None,
+) -> tuple[list[MemoryNote], list[MemoryEmbedding | None], dict[MemoryId, str]]:
+    """Verifies and parses note rows ``(id, pos, note, rid, emb, sha)`` (``embeddings``: the
+    rows' blobs already decoded, e.g. a whole bank's at once).
+
+    Raises:
+        StoreError: naming the note whose checksum, JSON or embedding is bad.
+    """
+    notes: list[MemoryNote] = []
+    readable: dict[MemoryId, str] = {}
+    who = f"agent {agent!r}, " if agent else ""
+    for id_, pos, text, rid, emb, sha in rows:
+        row = NoteRow(id_, pos, text, rid, emb)
+        if sha != row.digest(agent):
+            raise StoreError(
+                f"{where}: {who}note {id_}: checksum mismatch — the row is corrupted and was "
+                f"not loaded; {hint}"
+            )
+        try:
+            note = MemoryNote.from_json(text)
+        except pydantic.ValidationError as exc:
+            raise StoreError(
+                f"{where}: {who}note {id_}: not a valid note ({describe_validation_error(exc)})"
+            ) from None
+        if str(note.id) != id_:
+            raise StoreError(f"{where}: {who}note {id_}: the row holds note {note.id}")
+        notes.append(note)
+        if rid is not None:
+            readable[note.id] = rid
+    if embeddings is not None:
+        return notes, list(embeddings), readable
+    blobs = [r[4] for r in rows]
+    try:
+        embeddings = decode_embeddings(blobs)
+    except CodecError:  # find and name the note
+        for (id_, *_rest), blob in zip(rows, blobs):
+            try:
+                decode_embeddings([blob])
+            except CodecError as exc:
+                raise StoreError(
+                    f"{where}: {who}note {id_}: {str(exc).removeprefix('blob 0: ')}"
+                ) from None
+        raise
+    return notes, embeddings, readable
+
+
+def counts_of(
+    notes: Sequence[MemoryNote],
+    embeddings: Sequence[MemoryEmbedding | None],
+    readable: Mapping[MemoryId, str],
+) -> dict[str, int]:
+    ids = {n.id for n in notes}
+    return {
+        "notes": len(notes),
+        "links": sum(len(n.mem_links) for n in notes),
+        "pending_links": sum(1 for n in notes for lk in n.mem_links if lk.to not in ids),
+        "embeddings": sum(e is not None for e in embeddings),
+        "readable_ids": len(readable),
+    }
+
+
+def version_info(
+    counts: Mapping[str, int],
+    layout: Mapping[str, Any] | None,
+    embedder_name: str | None,
+    embedder_identity: EmbedderIdentity | Mapping[str, Any] | None,
+    change: Mapping[str, Any],
+    *,
+    agent: str = "",
+) -> dict[str, Any]:
+    identity = (
+        embedder_identity.to_json()
+        if isinstance(embedder_identity, EmbedderIdentity)
+        else embedder_identity
+    )
+    return {
+        "agent": agent,
+        "counts": dict(counts),
+        "embedding": None if layout is None else dict(layout),
+        "embedder_name": embedder_name,
+        "embedder": None if identity is None else dict(identity),
+        "soulmem_torch_version": __version__,
+        "change": dict(change),
+    }
+
+
+def manifest_of(gen: int, written_at: str, info: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """The manifest dictionary a store reports (the shape of the legacy ``manifest.json``)."""
+    layout = info.get("embedding")
+    manifest: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "format_version": STORE_FORMAT_VERSION,
+        "engine": "sqlite",
+        "database": str(path),
+        "generation": gen,
+        "version": version_name(gen),
+        "written_at": written_at,
+        "soulmem_torch_version": info.get("soulmem_torch_version"),
+        "counts": dict(info.get("counts") or {}),
+        "embedding_dim": None if layout is None else layout.get("dim"),
+        "embedder_name": info.get("embedder_name"),
+        "embedder": info.get("embedder"),
+        "embedding": None if layout is None else dict(layout),
+        "change": dict(info.get("change") or {}),
+    }
+    manifest[MANIFEST_CHECKSUM_KEY] = manifest_checksum(manifest)
+    return manifest
