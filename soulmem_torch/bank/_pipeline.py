@@ -9,8 +9,8 @@ channels — seeds / similarity, whole-note text, graph, graph both ways (PPR on
 undirected operator) — or the original's max merge). Each stage mirrors the
 retrieve layer (``retrieve/pipeline.py``, ``assoc_with_action.py``, ``propagation.py``,
 ``functional/fusion.py``) on one agent's graph; a new channel drops in as one more ``(B, M)``
-tensor masked by ``valid``. Config fields the bank does not know are refused
-(:func:`supported_config`), never ignored.
+tensor masked by ``valid``. Every ``DefaultPipelineConfig`` field is implemented here
+(tests/bank/test_bank.py changes each one and compares with a ``SoulMem`` per agent).
 """
 
 from __future__ import annotations
@@ -36,64 +36,16 @@ from soulmem_torch.bank._union import (
     plain_similarity,
     structured_similarity,
 )
-from soulmem_torch.errors import ConfigError, ValidationError
+from soulmem_torch.errors import ValidationError
 from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SPECIFIC
 from soulmem_torch.functional.fusion import rank_fusion, relative_seeds
 from soulmem_torch.functional.topk import stable_topk
 from soulmem_torch.retrieve.pipeline import channel_weights
 from soulmem_torch.retrieve.similarity import is_plain_query, structured_batch
 
-__all__ = ["run_pipeline", "supported_config"]
+__all__ = ["run_pipeline"]
 
 _F64 = torch.float64
-
-# DefaultPipelineConfig fields (recursively) the bank implements; anything else is refused.
-_KNOWN_FIELDS = {
-    "short_mem_with_history": {"type", "clipping_length", "include_summary"},
-    "similarity": {"type", "similarity_threshold", "max_results", "situation_units"},
-    "assoc_with_action": {"type", "association", "action_top_k", "abstract_source_priority"},
-    "assoc_with_action.association": {
-        "type", "intensity_factor", "confidence_factor", "damping_factor", "residue_threshold",
-        "preference", "top_k", "method", "power_tol", "power_dtype", "power_local",
-        "power_dense_max_nodes",
-    },
-    "": {
-        "short_mem_with_history", "similarity", "assoc_with_action", "merge_top_k", "fusion",
-        "channels", "rank_constant", "seed_ratio", "channel_weights", "seed_source",
-    },
-}  # fmt: skip
-_CHANNELS = {"seeds", "similarity", "text", "graph", "graph_undirected", "time"}
-
-
-def supported_config(config: Any) -> None:
-    """Raise ``ConfigError`` naming any ``DefaultPipelineConfig`` field the bank does not know
-    (a field it would silently ignore could change results)."""
-
-    def walk(obj: Any, prefix: str) -> None:
-        known = _KNOWN_FIELDS.get(prefix)
-        if known is None:
-            return
-        for name in type(obj).model_fields:
-            path = f"{prefix}.{name}" if prefix else name
-            if name not in known:
-                raise ConfigError(
-                    f"config.{path}: the MemoryBank does not implement this setting yet "
-                    f"(found {getattr(obj, name)!r}); use a SoulMem per agent"
-                )
-            value = getattr(obj, name)
-            if hasattr(type(value), "model_fields"):
-                walk(value, path)
-
-    walk(config, "")
-    if config.fusion not in ("rank", "max"):
-        raise ConfigError(
-            f"config.fusion: the MemoryBank knows 'rank' and 'max', found {config.fusion!r}"
-        )
-    unknown = set(config.channels) - _CHANNELS
-    if unknown:
-        raise ConfigError(
-            f"config.channels: the MemoryBank knows {sorted(_CHANNELS)}, found {sorted(unknown)}"
-        )
 
 
 def _topk(scores: Tensor, mask: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -355,7 +307,6 @@ def run_pipeline(
     from soulmem_torch.retrieve.short_only import RetrShortOnly
     from soulmem_torch.retrieve.similarity import effective_weights
 
-    supported_config(config)
     device = union.device
     agents = torch.tensor(list(positions), dtype=torch.int64, device=device)
     idx, valid, m = candidates(union, agents)

@@ -355,17 +355,82 @@ def test_errors() -> None:
         MemoryBank.load("/nonexistent/bank")
 
 
-def test_unknown_config_field_is_refused() -> None:
-    """A pipeline setting the bank does not implement raises, naming it (never other results)."""
-    from pydantic import Field
+# one changed value of every DefaultPipelineConfig field (``type`` tags are constants)
+_FIELD_CHANGES = {
+    "short_mem_with_history.clipping_length": 2,
+    "short_mem_with_history.include_summary": False,
+    "similarity.similarity_threshold": 0.5,
+    "similarity.max_results": 2,
+    "similarity.situation_units": "sum",
+    "assoc_with_action.association.intensity_factor": 0.5,
+    "assoc_with_action.association.confidence_factor": 0.7,
+    "assoc_with_action.association.damping_factor": 0.5,
+    "assoc_with_action.association.residue_threshold": 1e-3,
+    "assoc_with_action.association.preference": "Semantic",
+    "assoc_with_action.association.top_k": 3,
+    "assoc_with_action.association.method": "push",
+    "assoc_with_action.association.power_tol": 1e-6,
+    "assoc_with_action.association.power_dtype": "float32",
+    "assoc_with_action.association.power_dense_max_nodes": 0,
+    "assoc_with_action.association.power_local": False,
+    "assoc_with_action.action_top_k": 1,
+    "assoc_with_action.abstract_source_priority": 1.0,
+    "merge_top_k": 3,
+    "fusion": "max",
+    "channels": ("seeds", "text", "time"),
+    "rank_constant": 1.0,
+    "channel_weights": "dispersion",
+    "seed_source": "fused",
+    "seed_ratio": 0.5,
+}
 
-    class Extended(DefaultPipelineConfig):
-        novel_channel: float = Field(default=0.0)
 
+def _field_paths(model: type, prefix: str = "") -> list[str]:
+    paths = []
+    for name, info in model.model_fields.items():
+        if name == "type":
+            continue
+        sub = info.annotation
+        if isinstance(sub, type) and hasattr(sub, "model_fields"):
+            paths += _field_paths(sub, f"{prefix}{name}.")
+        else:
+            paths.append(prefix + name)
+    return paths
+
+
+def _changed(path: str, value) -> DefaultPipelineConfig:
+    data = DefaultPipelineConfig().model_dump()
+    node = data
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    return DefaultPipelineConfig.model_validate(data)
+
+
+def test_every_config_field_is_covered() -> None:
+    """A new pipeline setting must join the parity test below (the bank has no whitelist)."""
+    assert sorted(_field_paths(DefaultPipelineConfig)) == sorted(_FIELD_CHANGES)
+
+
+@pytest.mark.parametrize("path", sorted(_FIELD_CHANGES))
+def test_every_config_field_works_in_the_bank(path) -> None:
+    """Each setting changed alone: the bank answers as a SoulMem with only that agent's notes."""
+    cfg = _changed(path, _FIELD_CHANGES[path])
+    assert cfg != DefaultPipelineConfig()
     bank = MemoryBank()
-    bank.add_agent("a", sample_notes(list(range(10))))
-    with pytest.raises(ConfigError, match="config.novel_channel"):
-        bank.ask(["a"], ["hi"], config=Extended())
+    bank.add_agent("a", sample_notes(list(range(0, 77, 2))))
+    bank.add_agent("b", sample_notes(list(range(30, 77))))
+    summary = "it rained all day at the café"  # the short-term window's summary, both sides
+    bank.agent("a").working_memory.sliding_window.set_summary(summary)
+    got = bank.ask(["a", "b"], TEXTS[:2], config=cfg)
+    for r, agent, text in ((got[0], "a", TEXTS[0]), (got[1], "b", TEXTS[1])):
+        entries = list(bank.agent(agent).cluster)
+        mem = SoulMem(embedder=bank.embedder, device=bank.device)
+        mem.working_memory.add_nodes([e.note for e in entries], [e.embedding for e in entries])
+        if agent == "a":
+            mem.working_memory.sliding_window.set_summary(summary)
+        assert_same_result(r, mem.ask([text], config=cfg)[0])
 
 
 def test_threads_may_share_a_bank() -> None:
