@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
     "SoulMem": "soulmem_torch.api",
-    "text_queries": "soulmem_torch.api",
+    "text_queries": "soulmem_torch.retrieve.questions",
     "MemoryCluster": "soulmem_torch.runtime",
     "WorkingMemory": "soulmem_torch.runtime",
     "SlidingWindow": "soulmem_torch.runtime",
@@ -69,7 +69,7 @@ for _name in (
     _LAZY[_name] = "soulmem_torch.retrieve"
 
 if TYPE_CHECKING:
-    from soulmem_torch.api import SoulMem, text_queries
+    from soulmem_torch.api import SoulMem
     from soulmem_torch.bank import BatchingRetriever, MemoryBank, ShardedMemoryBank
     from soulmem_torch.embedding import (
         EmbeddedMemoryNote,
@@ -102,6 +102,7 @@ if TYPE_CHECKING:
         mix_by_priority,
         parse_request_config,
     )
+    from soulmem_torch.retrieve.questions import text_queries
     from soulmem_torch.runtime import Feedback, MemoryCluster, SlidingWindow, WorkingMemory
     from soulmem_torch.store import MemoryStore
 

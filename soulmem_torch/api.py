@@ -33,7 +33,7 @@ from soulmem_torch.retrieve import (
     RetrSimilarity,
     SimilarityConfig,
 )
-from soulmem_torch.retrieve.priority import mix_by_priority_batch
+from soulmem_torch.retrieve.questions import per_query_times, question_results, text_queries
 
 __all__ = ["EventLoopRunningError", "SoulMem", "note_label", "record_results", "text_queries"]
 
@@ -41,42 +41,6 @@ __all__ = ["EventLoopRunningError", "SoulMem", "note_label", "record_results", "
 class EventLoopRunningError(SoulMemError, RuntimeError):
     """A synchronous convenience (:meth:`SoulMem.forget_sync`) was called inside a running
     event loop, where it would block that loop: ``await`` the async method instead."""
-
-
-def text_queries(text: str, *, tags: Sequence[str] = ()) -> list[MemoryRetrieveQuery]:
-    """A free-text question as two structured queries: a concept and an episode.
-
-    ``Semantic([{concept_identifier: text, description: text}])`` finds concepts;
-    ``Situation([{narrative: text}])`` finds specific and abstract situations. :meth:`SoulMem.ask`
-    runs both in one batch and mixes their results (max per note).
-    """
-    if not isinstance(text, str) or not text.strip():
-        raise ValidationError(f"text: expected a non-empty string, found {text!r}")
-    return [
-        MemoryRetrieveQuery.semantic(
-            [{"concept_identifier": text, "description": text}], tag=list(tags)
-        ),
-        MemoryRetrieveQuery.situation([{"narrative": text}], tag=list(tags)),
-    ]
-
-
-def per_query_times(now: Any, n: int) -> list[datetime | None]:
-    """``now`` as one aware datetime (or ``None``) per query: a single value is every query's;
-    a sequence must have ``n``."""
-    if now is None or isinstance(now, datetime):
-        values = [now] * n
-    elif isinstance(now, (str, bytes)) or not isinstance(now, Sequence):
-        raise ValidationError(
-            f"now: expected an aware datetime or one per query, found {type(now).__name__}"
-        )
-    else:
-        values = list(now)
-        if len(values) != n:
-            raise ValidationError(f"now: expected {n} times (one per query), found {len(values)}")
-    for i, v in enumerate(values):
-        if v is not None and (not isinstance(v, datetime) or v.utcoffset() is None):
-            raise ValidationError(f"now[{i}]: expected an aware datetime or None, found {v!r}")
-    return values
 
 
 def record_results(working_memory: Any, results: Iterable[Any]) -> None:
@@ -574,32 +538,13 @@ class SoulMem:
             results = self.query(
                 queries, config=config, now=[t for t in nows for _ in (0, 1)], record=False
             )
-            cut = config.merge_top_k
-            pairs = list(zip(results[0::2], results[1::2]))  # (concept, episode) per question
-            q = len(pairs)
-            mixed = mix_by_priority_batch(  # the three mixes of every question in one batch
-                [[a.association, b.association] for a, b in pairs]
-                + [[a.action, b.action] for a, b in pairs]
-                + [[a.seeds, b.seeds] for a, b in pairs],
-                [0, 0],
-            )
-            out = [
-                DefaultPipelineResult(
-                    association=mixed[i][:cut],
-                    action=mixed[q + i],
-                    short_history=a.short_history,
-                    short_mem=a.short_mem,
-                    priority=0,
-                    seeds=mixed[2 * q + i],
-                )
-                for i, (a, _) in enumerate(pairs)
-            ]
+            out = question_results(results, config.merge_top_k)
             if only_matching:
                 from soulmem_torch.retrieve.evidence import filter_result
 
                 out = [filter_result(self.cluster, t, r) for t, r in zip(texts, out)]
             # freed before the collector resumes, so its first young collection sees only `out`
-            del queries, results, pairs, mixed
+            del queries, results
         if record:
             record_results(self.working_memory, out)
         return out

@@ -397,7 +397,7 @@ class MemoryBank:
             raise ValidationError(
                 f"priorities: expected {len(pairs)} values, found {len(priorities)}"
             )
-        from soulmem_torch.api import per_query_times
+        from soulmem_torch.retrieve.questions import per_query_times
 
         nows = per_query_times(now, len(pairs))
         positions = self._positions([a for a, _ in pairs])
@@ -451,12 +451,8 @@ class MemoryBank:
         out results that matched nothing the question said, as ``SoulMem.ask`` does; one flag
         for every question, or one per question.
         """
-        from soulmem_torch.api import text_queries
-        from soulmem_torch.retrieve import (
-            DefaultPipelineConfig,
-            DefaultPipelineResult,
-            mix_by_priority,
-        )
+        from soulmem_torch.retrieve import DefaultPipelineConfig
+        from soulmem_torch.retrieve.questions import per_query_times, question_results, text_queries
 
         agent_ids = [agent_ids] if isinstance(agent_ids, str) else list(agent_ids)
         texts = [texts] if isinstance(texts, str) else list(texts)
@@ -473,26 +469,11 @@ class MemoryBank:
                 raise ValidationError(f"texts[{i}]: {exc}") from None
             requests.extend((a, q) for q in qs)
         config = DefaultPipelineConfig.for_questions() if config is None else config
-        from soulmem_torch.api import per_query_times
-
         nows = per_query_times(now, len(texts))
         results = self.query(
             requests, config=config, now=[t for t in nows for _ in (0, 1)], record=False
         )
-        cut = config.merge_top_k
-        out = []
-        for i in range(len(texts)):
-            a, b = results[2 * i], results[2 * i + 1]
-            out.append(
-                DefaultPipelineResult(
-                    association=mix_by_priority([a.association, b.association], [0, 0], top_k=cut),
-                    action=mix_by_priority([a.action, b.action], [0, 0]),
-                    short_history=a.short_history,
-                    short_mem=a.short_mem,
-                    priority=0,
-                    seeds=mix_by_priority([a.seeds, b.seeds], [0, 0]),
-                )
-            )
+        out = question_results(results, config.merge_top_k)
         flags = (
             [only_matching] * len(texts) if isinstance(only_matching, bool) else list(only_matching)
         )
