@@ -116,6 +116,15 @@ def _features(text: str) -> tuple[Counter[str], Counter[str]]:
     return Counter(atoms), Counter(links)
 
 
+def _sum_into(cols: list[np.ndarray], vals: list[np.ndarray], n: int, size: int) -> np.ndarray:
+    """``(n, size)`` float64: the values summed into their flat ``row · size + column`` bins."""
+    if not cols:
+        return np.zeros((n, size), dtype=np.float64)
+    return np.bincount(
+        np.concatenate(cols), weights=np.concatenate(vals), minlength=n * size
+    ).reshape(n, size)
+
+
 class HashingEmbedder:
     """Offline hashed character / word n-gram embedder (see the module docstring).
 
@@ -229,18 +238,26 @@ class HashingEmbedder:
             raise ValidationError("texts: expected a sequence of strings, found one str")
         n = len(texts)
         a_size, l_size = self._atom_size, self._link_size
-        atoms_m = np.zeros((n, a_size), dtype=np.float64)
-        links_m = np.zeros((n, l_size), dtype=np.float64)
+        # every text's signed feature values, summed per (row, column) by one bincount per
+        # block: bins add their values in input order, as an in-place add would row by row
+        a_cols: list[np.ndarray] = []
+        a_vals: list[np.ndarray] = []
+        l_cols: list[np.ndarray] = []
+        l_vals: list[np.ndarray] = []
         for row, text in enumerate(texts):
             if not isinstance(text, str):
                 raise ValidationError(f"texts[{row}]: expected a str, found {type(text).__name__}")
             atoms, links = _features(text)
             if atoms:
                 cols, vals = self._block(atoms, a_size)
-                np.add.at(atoms_m[row], cols, vals)
+                a_cols.append(cols + row * a_size)
+                a_vals.append(vals)
             if links:
                 cols, vals = self._block(links, l_size)
-                np.add.at(links_m[row], cols, vals)
+                l_cols.append(cols + row * l_size)
+                l_vals.append(vals)
+        atoms_m = _sum_into(a_cols, a_vals, n, a_size)
+        links_m = _sum_into(l_cols, l_vals, n, l_size)
         a_norm = np.linalg.norm(atoms_m, axis=1, keepdims=True)
         l_norm = np.linalg.norm(links_m, axis=1, keepdims=True)
         atoms_m = np.divide(atoms_m, a_norm, out=np.zeros_like(atoms_m), where=a_norm > 0)
