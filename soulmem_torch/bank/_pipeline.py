@@ -243,9 +243,9 @@ def _similarity(
 ) -> Tensor:
     """Stage 1: fused similarity of each query against its agent's notes, (B, M) float32."""
     if all(_is_plain(q) for q in queries):
-        if union.tag_emb is None:
+        if union.tag_dim is None:
             raise ValidationError("working_memory: plain queries need notes with embeddings")
-        q = _plain_vectors(queries, embedder, int(union.tag_emb.shape[1]), union.device)
+        q = _plain_vectors(queries, embedder, union.tag_dim, union.device)
         return plain_similarity(union, q, idx, valid)
     batch, embedded = structured_batch(queries, embedder, union.device)
     string = None
@@ -256,7 +256,10 @@ def _similarity(
         return grouped_structured_similarity(
             union, batch, positions, m, string=string, weights=weights
         )
-    return structured_similarity(union, batch, idx, valid, string=string, weights=weights)
+    agents = torch.tensor(list(positions), dtype=torch.int64, device=idx.device)
+    return structured_similarity(
+        union, batch, idx, valid, string=string, weights=weights, agents=agents
+    )
 
 
 def _association(

@@ -74,6 +74,7 @@ __all__ = [
     "cosine_scores",
     "embedding_scores",
     "embedding_scores_compact",
+    "field_blocks",
     "fuse_string_scores",
     "fused_similarity",
     "fused_similarity_compact",
@@ -406,8 +407,10 @@ class NoteSide(NamedTuple):
 
     Only the fields notes have are held: ``rows`` are distinct L2-normalized field vectors,
     ``index`` points each (note, field) at one of them, or at the last row (all zeros) when the
-    note lacks the field. With ``offsets`` (one snapshot's layout), field ``j``'s rows are the
-    contiguous block ``rows[offsets[j]:offsets[j + 1]]``; ``None`` (a union) when they are not.
+    note lacks the field. ``blocks[j] = (lo, hi)``: every row field ``j`` uses lies in
+    ``rows[lo:hi]`` (short blocks when the rows are grouped by field, as the snapshot's are), so
+    a query field is matched against that block once and the notes read their columns;
+    ``None``: unknown (the rows are gathered per note).
     """
 
     rows: Tensor  # (P + 1, D) f32: normalized distinct field rows, then one zero row
@@ -416,7 +419,7 @@ class NoteSide(NamedTuple):
     tag: Tensor  # (N, D) f32: normalized tag vectors, zero for notes without an embedding
     no_tag: Tensor  # (N,) bool: no tag vector (all zeros, or no embedding)
     has_emb: Tensor  # (N,) bool: the note has an embedding (``tag_mask``)
-    offsets: tuple[int, ...] | None = None  # (F + 1,): field j's block of rows, when contiguous
+    blocks: tuple[tuple[int, int], ...] | None = None  # per field: its rows lie in [lo, hi)
 
     @property
     def num_nodes(self) -> int:
@@ -436,12 +439,24 @@ class NoteSide(NamedTuple):
             return self
         return NoteSide(
             self.rows.to(dev), self.index.to(dev), self.mask.to(dev), self.tag.to(dev),
-            self.no_tag.to(dev), self.has_emb.to(dev), self.offsets,
+            self.no_tag.to(dev), self.has_emb.to(dev), self.blocks,
         )  # fmt: skip
 
     def nbytes(self) -> int:
         """Bytes of its tensors."""
         return sum(t.numel() * t.element_size() for t in self[:6])
+
+
+def field_blocks(index: Tensor, mask: Tensor, p: int) -> tuple[tuple[int, int], ...]:
+    """Per field ``j``: ``(lo, hi)`` with every row ``index[:, j]`` uses (where ``mask``) in
+    ``[lo, hi)``; ``(0, 0)`` for a field no note has. One host sync."""
+    f = int(index.shape[1])
+    if p == 0 or index.shape[0] == 0:
+        return ((0, 0),) * f
+    lo = torch.where(mask, index, p).min(dim=0).values
+    hi = torch.where(mask, index, -1).max(dim=0).values + 1
+    both = torch.stack([lo, torch.maximum(hi, lo)]).T.tolist()
+    return tuple((a, b) if b > a else (0, 0) for a, b in both)
 
 
 def note_side_compact(
@@ -463,7 +478,6 @@ def note_side_compact(
         field_pos: shape (N, F), integer. Row of each (note, field), ``-1`` where absent.
     """
     device = tag_emb.device if device is None else torch.device(device)
-    n, f = int(field_pos.shape[0]), int(field_pos.shape[1])
     p, d = int(field_rows.shape[0]), int(tag_emb.shape[-1])
     if field_rows.dim() != 2 or (p and int(field_rows.shape[1]) != d):
         raise ValidationError(
@@ -471,33 +485,19 @@ def note_side_compact(
             f"{tuple(field_rows.shape)}"
         )
     rows = torch.zeros(p + 1, d, dtype=torch.float32, device=device)
-    if p:
-        rows[:p] = normalize_rows(field_rows.to(device))
+    if p:  # normalize_rows written straight into the table (no second copy)
+        x = field_rows.to(device, torch.float32)
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        torch.div(x, torch.where(norm > 0, norm, torch.ones_like(norm)), out=rows[:p])
     index = field_pos.to(device, torch.int64)
     mask = index >= 0
     index = torch.where(mask, index, p)
-    offsets: tuple[int, ...] | None = None
-    if p == 0 or n == 0:
-        offsets = (0,) * (f + 1)
-    else:  # grouped by field: field j's rows span [min, max] of its column
-        big = torch.where(mask, index, p)
-        lo = big.min(dim=0).values
-        hi = torch.where(mask, index, -1).max(dim=0).values + 1
-        count = mask.any(dim=0)
-        lo_l, hi_l, count_l = lo.tolist(), hi.tolist(), count.tolist()
-        bounds, at, ok = [0], 0, True
-        for j in range(f):
-            if count_l[j]:
-                ok = ok and lo_l[j] >= at
-                at = max(at, hi_l[j])
-            bounds.append(at if count_l[j] else bounds[-1])
-        if ok and bounds[-1] <= p:
-            offsets = tuple(bounds)
+    blocks = field_blocks(index, mask, p)
     has_emb = tag_mask.to(device)
     tag = tag_emb.to(device, torch.float32)
     tn = normalize_rows(tag) * has_emb.unsqueeze(-1)
     no_tag = ~((tag != 0).any(dim=-1) & has_emb)
-    return NoteSide(rows, index, mask, tn, no_tag, has_emb, offsets)
+    return NoteSide(rows, index, mask, tn, no_tag, has_emb, blocks)
 
 
 def note_side(
@@ -548,16 +548,16 @@ def _single_cos(
     n = int(sel.shape[0])
     index = notes.index.index_select(0, sel)  # (n, F)
     mask = notes.mask.index_select(0, sel)
-    offsets = notes.offsets
+    blocks = notes.blocks
 
     def cos(q_name: str, f_name: str) -> Tensor:
         q = qs.slice(_Q[q_name])
         j = _F[f_name]
         if q is None:  # no unit has the field: the cosines of zero rows
             return notes.rows.new_zeros(b, u, n)
-        if offsets is None:  # rows not grouped: gather the notes' rows
+        if blocks is None:  # blocks unknown: gather the notes' rows
             return torch.matmul(q, notes.rows.index_select(0, index[:, j]).T)
-        lo, hi = offsets[j], offsets[j + 1]
+        lo, hi = blocks[j]
         if hi == lo:
             return notes.rows.new_zeros(b, u, n)
         block = torch.matmul(q, notes.rows[lo:hi].T)  # (b, U, P_j)
