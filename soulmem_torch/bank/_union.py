@@ -64,8 +64,6 @@ class UnionSnapshot:
             normalized tags), or None when no agent has field vectors. Built once from the
             agents' compact layouts and carried across splices.
         row_ptr: shape (A + 1,), int64. Each agent's rows of ``notes.rows``.
-        field_lo / field_len: shape (A, F), int64. Agent ``a``'s rows of field ``j`` lie in
-            ``notes.rows[field_lo[a, j] : field_lo[a, j] + field_len[a, j]]``.
         graphs: the agents' own snapshots (CPU), for the per-agent fallbacks and the ids.
 
     ``tag_emb`` / ``field_emb`` / ``field_mask`` are compatibility views, concatenated from the
@@ -86,8 +84,6 @@ class UnionSnapshot:
     tag_dim: int | None
     notes: Any
     row_ptr: Tensor | None
-    field_lo: Tensor | None
-    field_len: Tensor | None
     graphs: list[Any]
     cache: dict[Any, Any] = field(default_factory=dict)
 
@@ -164,24 +160,6 @@ def _agent_note_side(g: Any, d: int, device: torch.device) -> Any:
     return note_side_compact(tag, mask, torch.zeros(0, d), pos, device=device)
 
 
-def _field_extent(notes: Any, agent: Tensor, num_agents: int) -> tuple[Tensor, Tensor]:
-    """``(field_lo, field_len)`` (A, F): per agent and field, the range of rows it uses."""
-    n, f = (int(x) for x in notes.index.shape)
-    device = notes.index.device
-    p = int(notes.rows.shape[0]) - 1
-    seg = (agent.unsqueeze(1) * f + torch.arange(f, device=device)).reshape(-1)
-    idx = notes.index.reshape(-1)
-    present = notes.mask.reshape(-1)
-    lo = torch.full((num_agents * f,), p, dtype=_I64, device=device)
-    hi = torch.zeros(num_agents * f, dtype=_I64, device=device)
-    if n:
-        lo.scatter_reduce_(0, seg, torch.where(present, idx, p), "amin")
-        hi.scatter_reduce_(0, seg, torch.where(present, idx + 1, 0), "amax")
-    length = (hi - lo).clamp_min(0)
-    lo = torch.where(length > 0, lo, 0)
-    return lo.view(num_agents, f), length.view(num_agents, f)
-
-
 def _join_note_sides(parts: list[Any], d: int, device: torch.device) -> tuple[Any, Tensor]:
     """The union's note side from per-agent (or per-run) note sides ``parts`` whose ``index``
     are local to their own ``rows`` (each with its trailing zero row): one concatenation.
@@ -211,7 +189,7 @@ def _join_note_sides(parts: list[Any], d: int, device: torch.device) -> tuple[An
         index = torch.zeros(0, f, dtype=_I64, device=device)
         tag = torch.zeros(0, d, device=device)
         no_tag = has_emb = torch.zeros(0, dtype=torch.bool, device=device)
-    notes = NoteSide(rows, index, mask, tag, no_tag, has_emb, None)
+    notes = NoteSide(rows, index, mask, tag, no_tag, has_emb)
     return notes, torch.tensor(starts, dtype=_I64, device=device)
 
 
@@ -224,7 +202,7 @@ def _slice_note_side(notes: Any, n0: int, n1: int, r0: int, r1: int) -> Any:
     mask = notes.mask[n0:n1]
     index = torch.where(mask, notes.index[n0:n1] - r0, r1 - r0)
     return NoteSide(rows, index, mask, notes.tag[n0:n1], notes.no_tag[n0:n1],
-                    notes.has_emb[n0:n1], None)  # fmt: skip
+                    notes.has_emb[n0:n1])  # fmt: skip
 
 
 def _cat(parts: list[Tensor], empty: Tensor) -> Tensor:
@@ -262,7 +240,7 @@ def build_union(graphs: Sequence[Any], device: torch.device) -> UnionSnapshot:
         raise ValidationError(
             f"agents: expected one embedding width across the bank, found widths {sorted(dims)}"
         )
-    tag_mask = notes = row_ptr = field_lo = field_len = None
+    tag_mask = notes = row_ptr = None
     d: int | None = None
     if dims:
         (d,) = dims
@@ -275,8 +253,6 @@ def build_union(graphs: Sequence[Any], device: torch.device) -> UnionSnapshot:
                 [_agent_note_side(g, d, device) for g in graphs], d, device
             )
     agent = agent.to(device)
-    if notes is not None:
-        field_lo, field_len = _field_extent(notes, agent, len(graphs))
 
     return UnionSnapshot(
         ptr=ptr.to(device),
@@ -293,8 +269,6 @@ def build_union(graphs: Sequence[Any], device: torch.device) -> UnionSnapshot:
         tag_dim=d,
         notes=notes,
         row_ptr=row_ptr,
-        field_lo=field_lo,
-        field_len=field_len,
         graphs=graphs,
     )
 
@@ -376,10 +350,9 @@ def splice_union(
         return torch.cat(parts[name]) if parts[name] else empty.to(device)
 
     agent = torch.repeat_interleave(torch.arange(a, device=device), sizes.to(device))
-    notes = row_ptr = field_lo = field_len = None
+    notes = row_ptr = None
     if old.notes is not None:
         notes, run_ptr = _join_note_sides(note_parts, old.tag_dim, device)
-        field_lo, field_len = _field_extent(notes, agent, a)
         # agent row offsets: the first row of each agent's extent, in agent order
         counts = torch.tensor(
             [int(g.field_rows.shape[0]) if g.field_rows is not None else 0 for g in graphs],
@@ -406,8 +379,6 @@ def splice_union(
         tag_dim=old.tag_dim,
         notes=notes,
         row_ptr=row_ptr,
-        field_lo=field_lo,
-        field_len=field_len,
         graphs=graphs,
     )
 
@@ -509,47 +480,24 @@ def note_ids(union: UnionSnapshot, positions: Sequence[int]) -> list[Any]:
     return flat
 
 
-def _candidate_cos(
-    notes: Any,
-    qn: Tensor,
-    agents: Tensor,
-    fidx: Tensor,
-    fmask: Tensor,
-    lo: Tensor,
-    length: Tensor,
-) -> Any:
+def _candidate_cos(notes: Any, qn: Tensor, fidx: Tensor) -> Any:
     """``cos(query field, note field) -> (s, U, M)`` for ``s`` queries against their candidate
-    rows: each query's normalized unit field ``qn[:, :, i]`` (s, U, D) is matched against its
-    agent's block of distinct rows of that note field (``lo`` / ``length``: (s, F), padded to
-    the longest block of the batch), one ``bmm``; each candidate then reads its column
-    (``fidx`` / ``fmask``: (s, M, F) union rows / presence)."""
+    rows: the candidates' rows of that note field (``fidx``: (s, M, F) union rows, the zero row
+    where absent) gathered as ``(s, M, D)`` — one field at a time, only the fields the rules
+    read — and matched by one ``bmm`` with the queries' normalized unit field (the shapes the
+    dense layout had, so the same bits)."""
     from soulmem_torch.embedding.fields import FIELD_INDEX, QUERY_FIELD_INDEX
 
     s, u = int(qn.shape[0]), int(qn.shape[1])
     m = int(fidx.shape[1])
-    last = int(notes.rows.shape[0]) - 1
     q_present = (qn != 0).any(dim=-1).any(dim=1).any(dim=0).tolist()  # (Q,): one host sync
-    longest = length.max(dim=0).values.tolist() if s else [0] * int(length.shape[1])
-    done: dict[tuple[int, int], Tensor] = {}
 
     def cos(q_name: str, f_name: str) -> Tensor:
         qi, j = QUERY_FIELD_INDEX[q_name], FIELD_INDEX[f_name]
-        key = (qi, j)
-        if key in done:
-            return done[key]
-        width = int(longest[j])
-        if not q_present[qi] or width == 0:
-            out = qn.new_zeros(s, u, m)
-        else:
-            ar = torch.arange(width, device=qn.device)
-            rows = (lo[:, j].unsqueeze(1) + ar).clamp_max_(last)  # (s, L)
-            block = notes.rows.index_select(0, rows.reshape(-1)).view(s, width, -1)
-            c = torch.bmm(qn[:, :, qi], block.transpose(1, 2))  # (s, U, L)
-            local = (fidx[:, :, j] - lo[:, j].unsqueeze(1)).clamp_(0, width - 1)
-            out = torch.gather(c, 2, local.unsqueeze(1).expand(s, u, m))
-            out = torch.where(fmask[:, :, j].unsqueeze(1), out, 0.0)
-        done[key] = out
-        return out
+        if not q_present[qi]:
+            return qn.new_zeros(s, u, m)
+        rows = notes.rows.index_select(0, fidx[:, :, j].reshape(-1)).view(s, m, -1)
+        return torch.bmm(qn[:, :, qi], rows.transpose(1, 2))
 
     return cos
 
@@ -568,10 +516,9 @@ def structured_similarity(
 
     The rules of :func:`soulmem_torch.functional.similarity.embedding_scores` evaluated on
     padded candidate rows of the compact note side (``union.notes``), never on a ``B × N``
-    matrix: for each note field a query needs, one ``bmm`` of the query's unit fields against
-    its agent's distinct rows of that field, which the candidates then read by index — only
-    those rows are gathered, never a dense ``(M, F, D)`` block. ``agents``: (B,) the agent of
-    each query (``None``: read from ``idx``).
+    matrix: for each note field the rules read, the candidates' rows of that field are
+    gathered (``(c, M, D)``, never a dense ``(M, F, D)`` block) and matched by one ``bmm``.
+    ``agents``: accepted for callers that know them (unused).
     """
     from soulmem_torch.embedding.fields import QUERY_SEMANTIC, QUERY_SITUATION
     from soulmem_torch.functional import similarity as fsim
@@ -583,8 +530,6 @@ def structured_similarity(
     notes = union.notes
     if b == 0 or m == 0 or notes is None:
         return out  # the retrieve layer scores notes without embeddings as 0
-    if agents is None:
-        agents = union.agent.index_select(0, idx[:, 0])
     q = batch.to(device)
     um = q.unit_mask
     qm = q.field_mask & um.unsqueeze(-1)
@@ -593,9 +538,7 @@ def structured_similarity(
     qtag = normalize_rows(q.tag)
     q_zero = ~(q.tag != 0).any(dim=-1)
     d = int(notes.rows.shape[1])
-    lo_all = union.field_lo.index_select(0, agents)
-    len_all = union.field_len.index_select(0, agents)
-    # gathered per query: its candidates' tags plus a few blocks of distinct field rows
+    # gathered per query at a time: its candidates' tags and one field's rows (a few fields)
     for sl in _chunks(b, 4 * m * d):
         ix = idx[sl]
         ntype = union.node_type[ix]
@@ -606,15 +549,12 @@ def structured_similarity(
         k = kind[sl]
         sem = (k == QUERY_SEMANTIC).nonzero().squeeze(1)
         sit = (k == QUERY_SITUATION).nonzero().squeeze(1)
-        lo, length = lo_all[sl], len_all[sl]
         if sem.numel():
-            cos = _candidate_cos(notes, qn[sl][sem], agents[sl][sem], fidx[sem], fm[sem],
-                                 lo[sem], length[sem])  # fmt: skip
+            cos = _candidate_cos(notes, qn[sl][sem], fidx[sem])
             v = fsim._semantic_variant(cos, qm[sl][sem], um[sl][sem], w)
             variant[sem] = torch.where(ntype[sem] == NODE_SEMANTIC, v, 0.0)
         if sit.numel():
-            cos = _candidate_cos(notes, qn[sl][sit], agents[sl][sit], fidx[sit], fm[sit],
-                                 lo[sit], length[sit])  # fmt: skip
+            cos = _candidate_cos(notes, qn[sl][sit], fidx[sit])
             fm_sit, nt_sit = fm[sit], ntype[sit]
             from soulmem_torch.embedding.fields import FIELD_INDEX
 
@@ -651,15 +591,15 @@ def grouped_is_cheaper(union: UnionSnapshot, num_queries: int, num_agents: int, 
     return num_agents * _GROUP_SECONDS < num_queries * m * 2 * d * _GATHER_SECONDS_PER_FLOAT
 
 
-def _agent_notes(union: UnionSnapshot, p: int, lo: int, hi: int, blocks: list[Any]) -> Any:
-    """Agent ``p``'s notes (``lo:hi``) of the union note side as a note side of their own:
-    views of the union's rows (its blocks of distinct rows per field), no copy."""
+def _agent_notes(union: UnionSnapshot, lo: int, hi: int) -> Any:
+    """Notes ``lo:hi`` (one agent) of the union note side, as a note side of their own: views
+    of the union's tensors (``index`` still points at union rows), no copy."""
     from soulmem_torch.functional.similarity import NoteSide
 
     notes = union.notes
     return NoteSide(
         notes.rows, notes.index[lo:hi], notes.mask[lo:hi], notes.tag[lo:hi],
-        notes.no_tag[lo:hi], notes.has_emb[lo:hi], tuple((a, a + n) for a, n in blocks),
+        notes.no_tag[lo:hi], notes.has_emb[lo:hi],
     )  # fmt: skip
 
 
@@ -687,12 +627,7 @@ def grouped_structured_similarity(
     for b, p in enumerate(positions):
         groups.setdefault(p, []).append(b)
     ptr = union.ptr.tolist()
-    asked = sorted(groups)
-    ext = torch.stack([union.field_lo, union.field_len], dim=-1)[
-        torch.tensor(asked, dtype=_I64, device=device)
-    ].tolist()  # (agents, F, 2): one host sync
-    for p, blocks in zip(asked, ext):
-        rows = groups[p]
+    for p, rows in groups.items():
         lo, hi = ptr[p], ptr[p + 1]
         if hi == lo:
             continue
@@ -700,7 +635,7 @@ def grouped_structured_similarity(
         sub = q.select(r)
         out[r, : hi - lo] = fused_similarity_compact(
             sub.tag, sub.kind, sub.field, sub.field_mask, sub.unit_mask,
-            _agent_notes(union, p, lo, hi, blocks), union.node_type[lo:hi],
+            _agent_notes(union, lo, hi), union.node_type[lo:hi],
             string_scores=None if string is None else string[r, : hi - lo],
             weights=weights,
         )  # fmt: skip

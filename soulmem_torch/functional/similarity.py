@@ -74,7 +74,6 @@ __all__ = [
     "cosine_scores",
     "embedding_scores",
     "embedding_scores_compact",
-    "field_blocks",
     "fuse_string_scores",
     "fused_similarity",
     "fused_similarity_compact",
@@ -407,10 +406,9 @@ class NoteSide(NamedTuple):
 
     Only the fields notes have are held: ``rows`` are distinct L2-normalized field vectors,
     ``index`` points each (note, field) at one of them, or at the last row (all zeros) when the
-    note lacks the field. ``blocks[j] = (lo, hi)``: every row field ``j`` uses lies in
-    ``rows[lo:hi]`` (short blocks when the rows are grouped by field, as the snapshot's are), so
-    a query field is matched against that block once and the notes read their columns;
-    ``None``: unknown (the rows are gathered per note).
+    note lacks the field. A kernel gathers, per note field it needs, the rows of the notes it
+    scores (``(n, D)``, never the ``(n, F, D)`` block) and matches them in the same matmul
+    shapes as a dense block would: the scores are bit for bit those of the dense layout.
     """
 
     rows: Tensor  # (P + 1, D) f32: normalized distinct field rows, then one zero row
@@ -419,7 +417,6 @@ class NoteSide(NamedTuple):
     tag: Tensor  # (N, D) f32: normalized tag vectors, zero for notes without an embedding
     no_tag: Tensor  # (N,) bool: no tag vector (all zeros, or no embedding)
     has_emb: Tensor  # (N,) bool: the note has an embedding (``tag_mask``)
-    blocks: tuple[tuple[int, int], ...] | None = None  # per field: its rows lie in [lo, hi)
 
     @property
     def num_nodes(self) -> int:
@@ -439,24 +436,12 @@ class NoteSide(NamedTuple):
             return self
         return NoteSide(
             self.rows.to(dev), self.index.to(dev), self.mask.to(dev), self.tag.to(dev),
-            self.no_tag.to(dev), self.has_emb.to(dev), self.blocks,
+            self.no_tag.to(dev), self.has_emb.to(dev),
         )  # fmt: skip
 
     def nbytes(self) -> int:
         """Bytes of its tensors."""
         return sum(t.numel() * t.element_size() for t in self[:6])
-
-
-def field_blocks(index: Tensor, mask: Tensor, p: int) -> tuple[tuple[int, int], ...]:
-    """Per field ``j``: ``(lo, hi)`` with every row ``index[:, j]`` uses (where ``mask``) in
-    ``[lo, hi)``; ``(0, 0)`` for a field no note has. One host sync."""
-    f = int(index.shape[1])
-    if p == 0 or index.shape[0] == 0:
-        return ((0, 0),) * f
-    lo = torch.where(mask, index, p).min(dim=0).values
-    hi = torch.where(mask, index, -1).max(dim=0).values + 1
-    both = torch.stack([lo, torch.maximum(hi, lo)]).T.tolist()
-    return tuple((a, b) if b > a else (0, 0) for a, b in both)
 
 
 def note_side_compact(
@@ -492,12 +477,11 @@ def note_side_compact(
     index = field_pos.to(device, torch.int64)
     mask = index >= 0
     index = torch.where(mask, index, p)
-    blocks = field_blocks(index, mask, p)
     has_emb = tag_mask.to(device)
     tag = tag_emb.to(device, torch.float32)
     tn = normalize_rows(tag) * has_emb.unsqueeze(-1)
     no_tag = ~((tag != 0).any(dim=-1) & has_emb)
-    return NoteSide(rows, index, mask, tn, no_tag, has_emb, blocks)
+    return NoteSide(rows, index, mask, tn, no_tag, has_emb)
 
 
 def note_side(
@@ -543,26 +527,18 @@ def _single_cos(
     qs: _QueryFields, notes: NoteSide, sel: Tensor
 ) -> Callable[[str, str], Tensor]:
     """``cos(query field, note field)`` of the queries ``qs`` against the notes ``sel`` of one
-    memory: one matmul against the field's block of distinct rows, then the notes' columns."""
+    memory: the notes' rows of that field (the zero row where absent) gathered, one matmul —
+    the same products, in the same shapes, as against a dense block, so the same bits."""
     b, u = qs.shape
     n = int(sel.shape[0])
     index = notes.index.index_select(0, sel)  # (n, F)
-    mask = notes.mask.index_select(0, sel)
-    blocks = notes.blocks
 
     def cos(q_name: str, f_name: str) -> Tensor:
         q = qs.slice(_Q[q_name])
-        j = _F[f_name]
         if q is None:  # no unit has the field: the cosines of zero rows
             return notes.rows.new_zeros(b, u, n)
-        if blocks is None:  # blocks unknown: gather the notes' rows
-            return torch.matmul(q, notes.rows.index_select(0, index[:, j]).T)
-        lo, hi = blocks[j]
-        if hi == lo:
-            return notes.rows.new_zeros(b, u, n)
-        block = torch.matmul(q, notes.rows[lo:hi].T)  # (b, U, P_j)
-        local = (index[:, j] - lo).clamp_(0, hi - lo - 1)
-        return torch.where(mask[:, j], block.index_select(-1, local), 0.0)
+        rows = notes.rows.index_select(0, index[:, _F[f_name]])  # (n, D)
+        return torch.matmul(q, rows.T)
 
     return cos
 
