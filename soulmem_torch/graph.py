@@ -583,6 +583,8 @@ class MemoryGraph(Data):
             version=version,
         )
         graph._m.shared.index_of = index_of
+        if tag_emb is not None:  # the notes' vectors become views of the snapshot's tables
+            cluster.share_vectors(version, ids, graph.tag_emb, graph.field_rows, graph.field_pos)
         return graph
 
     @classmethod
