@@ -774,9 +774,9 @@ class MemoryGraph(Data):
             field_rows = on_dev(_check_tensor("field_rows", field_rows, (p, fdim), "float"))
             field_rows = field_rows.to(_F32)
             _check_finite("field_rows", field_rows)
-            field_pos = on_dev(
-                _check_tensor("field_pos", field_pos, (n, num_fields), "int")
-            ).to(torch.int32)
+            field_pos = on_dev(_check_tensor("field_pos", field_pos, (n, num_fields), "int")).to(
+                torch.int32
+            )
             if field_pos.numel():
                 lo, hi = (int(v) for v in torch.aminmax(field_pos))
                 if lo < -1 or hi >= p:

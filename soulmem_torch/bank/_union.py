@@ -16,6 +16,7 @@ normalization are per (agent, column) segment.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -502,6 +503,13 @@ def _candidate_cos(notes: Any, qn: Tensor, fidx: Tensor) -> Any:
     return cos
 
 
+def _has_field(mask: Tensor, name: str) -> Tensor:
+    """``(s, 1, M)``: which candidates have note field ``name`` (``mask``: (s, M, F))."""
+    from soulmem_torch.embedding.fields import FIELD_INDEX
+
+    return mask[:, :, FIELD_INDEX[name]].unsqueeze(1)
+
+
 def structured_similarity(
     union: UnionSnapshot,
     batch: Any,
@@ -556,11 +564,9 @@ def structured_similarity(
         if sit.numel():
             cos = _candidate_cos(notes, qn[sl][sit], fidx[sit])
             fm_sit, nt_sit = fm[sit], ntype[sit]
-            from soulmem_torch.embedding.fields import FIELD_INDEX
-
             v = fsim._situation_variant(
-                cos, lambda name: fm_sit[:, :, FIELD_INDEX[name]].unsqueeze(1),
-                nt_sit.unsqueeze(1), qm[sl][sit], um[sl][sit], w,
+                cos, functools.partial(_has_field, fm_sit), nt_sit.unsqueeze(1),
+                qm[sl][sit], um[sl][sit], w,
             )  # fmt: skip
             is_sit = (nt_sit == NODE_SPECIFIC) | (nt_sit == NODE_ABSTRACT)
             variant[sit] = torch.where(is_sit, v, 0.0)

@@ -523,9 +523,7 @@ def _check_note_side(notes: NoteSide, node_type: Tensor, d: int) -> int:
     return n
 
 
-def _single_cos(
-    qs: _QueryFields, notes: NoteSide, sel: Tensor
-) -> Callable[[str, str], Tensor]:
+def _single_cos(qs: _QueryFields, notes: NoteSide, sel: Tensor) -> Callable[[str, str], Tensor]:
     """``cos(query field, note field)`` of the queries ``qs`` against the notes ``sel`` of one
     memory: the notes' rows of that field (the zero row where absent) gathered, one matmul —
     the same products, in the same shapes, as against a dense block, so the same bits."""
