@@ -256,10 +256,7 @@ def _similarity(
         return grouped_structured_similarity(
             union, batch, positions, m, string=string, weights=weights
         )
-    agents = torch.tensor(list(positions), dtype=torch.int64, device=idx.device)
-    return structured_similarity(
-        union, batch, idx, valid, string=string, weights=weights, agents=agents
-    )
+    return structured_similarity(union, batch, idx, valid, string=string, weights=weights)
 
 
 def _association(

@@ -518,7 +518,6 @@ def structured_similarity(
     *,
     string: Tensor | None,
     weights: BlendWeights | None,
-    agents: Tensor | None = None,
 ) -> Tensor:
     """``fused_similarity`` of B embedded queries against their agents' notes: (B, M) float32.
 
@@ -526,7 +525,6 @@ def structured_similarity(
     padded candidate rows of the compact note side (``union.notes``), never on a ``B × N``
     matrix: for each note field the rules read, the candidates' rows of that field are
     gathered (``(c, M, D)``, never a dense ``(M, F, D)`` block) and matched by one ``bmm``.
-    ``agents``: accepted for callers that know them (unused).
     """
     from soulmem_torch.embedding.fields import QUERY_SEMANTIC, QUERY_SITUATION
     from soulmem_torch.functional import similarity as fsim
