@@ -161,6 +161,42 @@ def _agent_note_side(g: Any, d: int, device: torch.device) -> Any:
     return note_side_compact(tag, mask, torch.zeros(0, d), pos, device=device)
 
 
+def _union_note_side(
+    graphs: Sequence[Any], sizes: Tensor, d: int, device: torch.device
+) -> tuple[Any, Tensor]:
+    """Every agent's note side in one pass: the agents' compact layouts concatenated (rows
+    shifted by each agent's row offset) and normalized once — the same row-wise values as each
+    agent's own :func:`~soulmem_torch.functional.similarity.note_side_compact`. Returns
+    ``(notes, row_ptr (A + 1,))``."""
+    from soulmem_torch.embedding.fields import FIELD_NAMES
+    from soulmem_torch.functional.similarity import note_side_compact
+
+    f = len(FIELD_NAMES)
+    counts = torch.tensor(
+        [int(g.field_rows.shape[0]) if g.field_rows is not None else 0 for g in graphs],
+        dtype=_I64,
+    )
+    row_ptr = torch.zeros(len(graphs) + 1, dtype=_I64)
+    torch.cumsum(counts, 0, out=row_ptr[1:])
+    rows = torch.cat([g.field_rows for g in graphs if g.field_rows is not None])
+    pos = torch.cat(
+        [g.field_pos.to(_I64) if g.field_pos is not None
+         else torch.full((int(g.num_nodes), f), -1, dtype=_I64) for g in graphs]
+    )  # fmt: skip
+    shift = torch.repeat_interleave(row_ptr[:-1], sizes).unsqueeze(1)
+    pos = torch.where(pos >= 0, pos + shift, -1)
+    tag = torch.cat(
+        [g.tag_emb if g.tag_emb is not None else torch.zeros(int(g.num_nodes), d)
+         for g in graphs]
+    )  # fmt: skip
+    mask = torch.cat(
+        [g.tag_mask if g.tag_emb is not None
+         else torch.zeros(int(g.num_nodes), dtype=torch.bool) for g in graphs]
+    )  # fmt: skip
+    notes = note_side_compact(tag, mask, rows, pos, device=device)
+    return notes, row_ptr.to(device)
+
+
 def _join_note_sides(parts: list[Any], d: int, device: torch.device) -> tuple[Any, Tensor]:
     """The union's note side from per-agent (or per-run) note sides ``parts`` whose ``index``
     are local to their own ``rows`` (each with its trailing zero row): one concatenation.
@@ -250,9 +286,7 @@ def build_union(graphs: Sequence[Any], device: torch.device) -> UnionSnapshot:
              else torch.zeros(int(g.num_nodes), dtype=torch.bool) for g in graphs]
         ).to(device)  # fmt: skip
         if any(g.field_rows is not None for g in graphs):
-            notes, row_ptr = _join_note_sides(
-                [_agent_note_side(g, d, device) for g in graphs], d, device
-            )
+            notes, row_ptr = _union_note_side(graphs, sizes, d, device)
     agent = agent.to(device)
 
     return UnionSnapshot(
