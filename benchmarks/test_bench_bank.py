@@ -219,7 +219,8 @@ def test_bank_vs_per_agent_loop(benchmark, bench_device):
     union_bytes = sum(
         t.numel() * t.element_size()
         for t in (union.node_type, union.edge_index, union.edge_kind, union.intensity,
-                  union.confidence, union.prob, union.tag_emb, union.tag_mask, union.agent)
+                  union.confidence, union.prob, union.tag_mask, union.agent,
+                  union.cache["tag_normalized_padded"])  # the vectors it holds: normalized
     )  # fmt: skip
     # a change: add one agent, answer one query (median of three changes)
     changes = []

@@ -1,7 +1,9 @@
 """Field layout of note and query embeddings (docs/spec.md §3), shared by the embedder, graph and kernels.
 
 Every note kind stores a tag vector plus a fixed set of named field vectors. ``FIELD_NAMES`` is
-the column order of ``MemoryGraph.field_emb`` ``(N, F, D)`` / ``field_mask`` ``(N, F)``.
+the column order of ``MemoryGraph.field_pos`` ``(N, F)`` (the compact layout: the row of
+``field_rows`` ``(P, D)`` of each note field, :func:`stack_compact_field_embeddings`) and of the
+dense ``field_emb`` ``(N, F, D)`` / ``field_mask`` ``(N, F)`` (:func:`stack_field_embeddings`).
 ``QUERY_FIELD_NAMES`` is the column order of a query batch's ``field`` ``(B, U, Q, D)`` /
 ``field_mask`` ``(B, U, Q)`` (one row per query unit).
 
