@@ -219,7 +219,8 @@ def test_bank_vs_per_agent_loop(benchmark, bench_device):
     union_bytes = sum(
         t.numel() * t.element_size()
         for t in (union.node_type, union.edge_index, union.edge_kind, union.intensity,
-                  union.confidence, union.prob, union.tag_emb, union.tag_mask, union.agent)
+                  union.confidence, union.prob, union.tag_mask, union.agent,
+                  union.cache["tag_normalized_padded"])  # the vectors it holds: normalized
     )  # fmt: skip
     # a change: add one agent, answer one query (median of three changes)
     changes = []
@@ -254,3 +255,65 @@ def test_bank_vs_per_agent_loop(benchmark, bench_device):
     _harness.record(row)
     print(row)
     assert row["merged"] > 0
+
+
+# ------------------------------------------------------------------------------------------
+# structured similarity on a bank of real notes (issue 17)
+# ------------------------------------------------------------------------------------------
+REAL_AGENTS = 200
+REAL_TEXTS = ["a rainy afternoon at the café", "谁教我做桂花糕？", "who lent me an umbrella",
+              "the market square at noon", "coffee with an old friend"]  # fmt: skip
+
+
+def real_note_bank(num_agents: int = REAL_AGENTS) -> tuple[MemoryBank, list[str], list[str]]:
+    """``num_agents`` agents of 50–75 notes of the bundled sample memory (~62 structured notes
+    each, deep copies), the offline ``HashingEmbedder`` (width 1024), one question each."""
+    from benchmarks._memory_probe import sample_note_bank
+
+    bank = MemoryBank(embedder=HashingEmbedder())
+    agents = sample_note_bank(num_agents)
+    for agent_id, notes in agents:
+        bank.add_agent(agent_id, notes)
+    ids = [a for a, _ in agents]
+    return bank, ids, [REAL_TEXTS[i % len(REAL_TEXTS)] for i in range(len(ids))]
+
+
+@pytest.mark.parametrize("stage", ["gathered", "grouped", "ask"])
+def test_structured_similarity_real_notes(benchmark, stage: str) -> None:
+    """The structured similarity of 400 queries (each question's concept and episode query)
+    against their agents' notes on the union — the gathered candidate rows or one call per
+    agent — and the whole warm ``bank.ask`` (1 thread)."""
+    from soulmem_torch.api import text_queries
+    from soulmem_torch.bank import _union
+    from soulmem_torch.embedding import embed_queries
+
+    benchmark.group = "bank-structured-real-notes"
+    _harness.set_threads()
+    bank, ids, texts = real_note_bank()
+    bank.ask(ids, texts)  # warm: snapshots, union, operators
+    union = bank.union()
+    positions = [bank.agents().index(a) for a in ids for _ in (0, 1)]
+    queries = [q for t in texts for q in text_queries(t)]
+    batch = embed_queries(queries, bank.embedder)
+    idx, valid, m = _union.candidates(union, torch.tensor(positions))
+    if stage == "gathered":
+
+        def run():
+            return _union.structured_similarity(union, batch, idx, valid, string=None, weights=None)
+    elif stage == "grouped":
+
+        def run():
+            return _union.grouped_structured_similarity(
+                union, batch, positions, m, string=None, weights=None
+            )
+    else:
+
+        def run():
+            return bank.ask(ids, texts, record=False)
+
+    benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+    mean = _harness.mean_seconds(benchmark, float("nan"))
+    row = {"group": benchmark.group, "method": stage, "device": "cpu", "agents": len(ids),
+           "n": union.num_nodes, "batch": len(queries), "mean_ms": mean * 1e3}  # fmt: skip
+    benchmark.extra_info.update({k: v for k, v in row.items() if k != "group"})
+    _harness.record(row)

@@ -74,3 +74,42 @@ def test_batch_peak_memory(benchmark, mode: str, batch: int) -> None:
     assert row["found_per_query"] > 0
     if mode == "chunked":
         assert row["extra_bytes"] <= 2**30, "500 queries on 100k notes must stay within 1 GiB"
+
+
+# ------------------------------------------------------------------------------------------
+# resident memory per note of a bank of structured notes (issue 17, "Small")
+# ------------------------------------------------------------------------------------------
+LONGMEMEVAL = ROOT.parent / "shared" / "longmemeval" / "longmemeval_s_dev.json"
+NOTE_BANKS = {"sample": 200, "longmemeval": 25}
+"""Agents per bank: 200 agents of 50–75 notes of the bundled sample memory (~12.5k notes);
+the first 25 LongMemEval dev haystacks at turn level (~7k user-turn notes)."""
+KIB_PER_NOTE_BOUND = {"sample": 96.0, "longmemeval": 64.0}
+"""Regression bounds on the resident KiB per note after the first ask (measured 2026-12-01:
+~64 and ~40; the dense layout took ~172 and ~225)."""
+
+
+def note_probe(bank: str, agents: int) -> dict:
+    args = [sys.executable, "-m", "benchmarks._memory_probe", "--bank", bank]
+    args += ["--agents", str(agents)]
+    if bank == "longmemeval":
+        args += ["--data", str(LONGMEMEVAL)]
+    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("bank", list(NOTE_BANKS))
+def test_bank_memory_per_note(benchmark, bank: str) -> None:
+    """KiB per note of a ``MemoryBank`` of structured notes (``HashingEmbedder``, width 1024)
+    after ``add_agent`` and after the first ``ask``, in a fresh process (RSS after ``gc`` and
+    ``malloc_trim``; imports and one-off set-up excluded by a warm-up bank), next to the live
+    tensor bytes by owner."""
+    if bank == "longmemeval" and not LONGMEMEVAL.exists():
+        pytest.skip(f"LongMemEval is not at {LONGMEMEVAL} (../shared/longmemeval)")
+    benchmark.group = "note-memory"
+    row = benchmark.pedantic(lambda: note_probe(bank, NOTE_BANKS[bank]), rounds=1, iterations=1)
+    result = {"group": benchmark.group, "method": bank, "device": "cpu", **row}
+    benchmark.extra_info.update({k: v for k, v in result.items() if k != "group"})
+    _harness.record(result)
+    print(result)
+    assert row["kib_per_note_ask"] <= KIB_PER_NOTE_BOUND[bank], row

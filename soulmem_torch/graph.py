@@ -23,11 +23,16 @@ key                    shape/dtype     meaning
                                        ``is_abstract``, ``is_procedure``
 ``tag_emb``            (N, D) f32      tag vector (zeros where absent); ``None`` if no note has one
 ``tag_mask``           (N,) bool       note has an embedding
-``field_emb``          (N, F, D) f32   field vectors in ``FIELD_NAMES`` order (zeros where absent)
-``field_mask``         (N, F) bool     field present
+``field_rows``         (P, D) f32      the fields notes have, distinct vectors grouped by field
+                                       (compact layout, docs/spec.md §3); ``None`` if no embedding
+``field_pos``          (N, F) i32      row of ``field_rows`` of each (note, field), ``-1`` absent
 ``create_time_ns``     (N,) i64        note creation time, ns since the Unix epoch
 ``retrieval_count``    (N,) i64        the note's own retrieval count
 =====================  ==============  ============================================================
+
+``field_emb`` (N, F, D) and ``field_mask`` (N, F) — the dense block in ``FIELD_NAMES`` order,
+zeros where absent — are compatibility views: materialized from the compact layout on each
+read (never cached, never used by a kernel); assigning a dense block compacts it.
 
 Within one source, edges keep the cluster's link insertion order (a stable sort), so the
 sequential PPR oracle can visit them newest first by reversing each row.
@@ -58,11 +63,14 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from soulmem_torch.device import resolve_device
 from soulmem_torch.embedding.fields import (
     FIELD_NAMES,
-    stack_field_embeddings,
+    compact_to_dense,
+    dense_to_compact,
+    stack_compact_field_embeddings,
 )
-from soulmem_torch.errors import DeviceResolutionError, NotFoundError, ValidationError
+from soulmem_torch.errors import NotFoundError, ValidationError
 from soulmem_torch.functional.codes import (
     LINK_PROC,
     LINK_SEM,
@@ -104,34 +112,7 @@ _LINK_CODES: dict[type, int] = {
 }
 _NODE_CODE_SET = (NODE_SEMANTIC, NODE_SPECIFIC, NODE_ABSTRACT, NODE_PROCEDURE)
 _LINK_CODE_SET = (LINK_PROC, LINK_SEM, LINK_SIT_ABSTRACT_TO_SPECIFIC, LINK_SIT_SPECIFIC_TO_ABSTRACT)
-_OPTIONAL_KEYS = frozenset({"tag_emb", "tag_mask", "field_emb", "field_mask"})
-
-
-# -------------------------------------------------------------------------------------------
-# device resolution (entry points only)
-# -------------------------------------------------------------------------------------------
-def _resolve_device(device: torch.device | str | int | None) -> torch.device:
-    """``None`` -> CPU; ``"auto"`` -> CUDA if available else CPU; otherwise ``torch.device``.
-
-    A CUDA device without CUDA is a ``DeviceResolutionError``. ``"cuda"`` is normalized to
-    ``cuda:<current>`` so cache keys agree.
-    """
-    if device is None:
-        return torch.device("cpu")
-    if isinstance(device, str) and device == "auto":
-        return _resolve_device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise DeviceResolutionError(
-            f"device: expected None, 'auto', 'cpu', 'cuda[:n]' or a torch.device, found {device!r}"
-        ) from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceResolutionError(f"device: {device!r} requested but CUDA is not available")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
+_OPTIONAL_KEYS = frozenset({"tag_emb", "tag_mask", "field_rows", "field_pos"})
 
 
 # -------------------------------------------------------------------------------------------
@@ -294,6 +275,50 @@ class MemoryGraph(Data):
                 return None
         return super().__getattr__(key)
 
+    # -- the dense field block: a compatibility view of the compact layout ------------------
+    @property
+    def field_emb(self) -> Tensor | None:
+        """``(N, F, D)`` float32 field vectors in ``FIELD_NAMES`` order, zeros where absent:
+        a fresh dense copy materialized from ``field_rows`` / ``field_pos`` on each read
+        (compatibility view; kernels read the compact layout). ``None`` without fields.
+        Assigning a dense block stores every cell as present (as ``from_tensors`` without a
+        mask); assigning :attr:`field_mask` after it keeps only the masked cells."""
+        rows, index = self.field_rows, self.field_pos
+        if rows is None or index is None:
+            return None
+        return compact_to_dense(rows, index)[0]
+
+    @field_emb.setter
+    def field_emb(self, value: Tensor | None) -> None:
+        self._m.cache.clear()
+        if value is None:
+            for key in ("field_rows", "field_pos"):
+                if key in self._store:
+                    del self._store[key]
+            return
+        n, f = int(value.shape[0]), int(value.shape[1])
+        every = torch.ones(n, f, dtype=torch.bool, device=value.device)
+        rows, pos = dense_to_compact(value.to(torch.float32), every)
+        self._store.field_rows, self._store.field_pos = rows, pos
+
+    @property
+    def field_mask(self) -> Tensor | None:
+        """``(N, F)`` bool: the note has the field (``field_pos >= 0``); ``None`` without
+        fields. Assigning a mask keeps only those fields' vectors."""
+        index = self.field_pos
+        return None if index is None else index >= 0
+
+    @field_mask.setter
+    def field_mask(self, value: Tensor | None) -> None:
+        self._m.cache.clear()
+        if value is None:
+            return
+        dense = self.field_emb
+        if dense is None:
+            return
+        rows, index = dense_to_compact(dense, value.to(dense.device))
+        self._store.field_rows, self._store.field_pos = rows, index
+
     @property
     def _m(self) -> _GraphMeta:
         meta = self.__dict__.get("_meta")
@@ -394,7 +419,7 @@ class MemoryGraph(Data):
 
         The copy shares the id maps and has an empty :attr:`cache`.
         """
-        dev = _resolve_device(device)
+        dev = resolve_device(device)
         if not args and _same_device(self.device, dev):
             return self
         out = copy.copy(self)
@@ -457,7 +482,7 @@ class MemoryGraph(Data):
             cluster: the memory cluster.
             device: ``None`` -> CPU; ``"auto"`` -> CUDA if available; or any torch device.
         """
-        dev = _resolve_device(device)
+        dev = resolve_device(device)
         cpu = torch.device("cpu")
         base = cluster.derived(("graph", cpu), lambda: cls.from_cluster(cluster))
         if dev == cpu:
@@ -506,10 +531,12 @@ class MemoryGraph(Data):
         edge_index = torch.tensor([src, dst], dtype=_I64).reshape(2, num_edges)
 
         embeddings = [item.embedding for item in items]
-        tag_emb = tag_mask = field_emb = field_mask = None
+        tag_emb = tag_mask = field_rows = field_pos = None
         if any(e is not None for e in embeddings):
             dim = next(e.dim for e in embeddings if e is not None)
-            tag_emb, tag_mask, field_emb, field_mask = stack_field_embeddings(embeddings, dim)
+            tag_emb, tag_mask, field_rows, field_pos = stack_compact_field_embeddings(
+                embeddings, dim
+            )
 
         graph = cls.from_tensors(
             edge_index,
@@ -521,8 +548,8 @@ class MemoryGraph(Data):
             prob=torch.tensor(prob, dtype=_F64),
             tag_emb=tag_emb,
             tag_mask=tag_mask,
-            field_emb=field_emb,
-            field_mask=field_mask,
+            field_rows=field_rows,
+            field_pos=field_pos,
             create_time_ns=create_ns,
             retrieval_count=counts,
             ids=ids,
@@ -530,6 +557,8 @@ class MemoryGraph(Data):
             version=version,
         )
         graph._m.shared.index_of = index_of
+        if tag_emb is not None:  # the notes' vectors become views of the snapshot's tables
+            cluster.share_vectors(version, ids, graph.tag_emb, graph.field_rows, graph.field_pos)
         return graph
 
     @classmethod
@@ -547,6 +576,8 @@ class MemoryGraph(Data):
         tag_mask: Tensor | None = None,
         field_emb: Tensor | None = None,
         field_mask: Tensor | None = None,
+        field_rows: Tensor | None = None,
+        field_pos: Tensor | None = None,
         create_time_ns: Tensor | None = None,
         retrieval_count: Tensor | None = None,
         ids: Sequence[MemoryId] | None = None,
@@ -573,6 +604,12 @@ class MemoryGraph(Data):
             tag_mask: shape (N,), bool. ``None`` -> all True when ``tag_emb`` is given.
             field_emb: shape (N, F, D), float, finite; ``F == len(FIELD_NAMES)``.
             field_mask: shape (N, F), bool. ``None`` -> all True when ``field_emb`` is given.
+                The dense block is compacted (only the present cells are kept).
+            field_rows: shape (P, D), float, finite. The compact layout instead of
+                ``field_emb`` / ``field_mask``: field vectors grouped by field
+                (:func:`~soulmem_torch.embedding.fields.stack_compact_field_embeddings`).
+            field_pos: shape (N, F), integer. Row of ``field_rows`` per (note, field), -1
+                where absent; given with ``field_rows``.
             create_time_ns: shape (N,), integer. ``None`` -> zeros.
             retrieval_count: shape (N,), integer, >= 0. ``None`` -> zeros.
             ids: ``N`` distinct ``MemoryId``; ``None`` -> random ids created on first access.
@@ -670,6 +707,10 @@ class MemoryGraph(Data):
         elif tag_mask is not None:
             raise ValidationError("tag_mask: given without tag_emb")
         if field_emb is not None:
+            if field_rows is not None or field_pos is not None:
+                raise ValidationError(
+                    "field_emb: give either field_emb / field_mask or field_rows / field_pos"
+                )
             if not isinstance(field_emb, Tensor) or field_emb.dim() != 3:
                 raise ValidationError(
                     f"field_emb: expected shape (N, F, D), found {_shape(field_emb)}"
@@ -689,8 +730,34 @@ class MemoryGraph(Data):
                 field_mask = on_dev(
                     _check_tensor("field_mask", field_mask, (n, num_fields), "bool")
                 )
+            field_rows, field_pos = dense_to_compact(field_emb, field_mask)
         elif field_mask is not None:
             raise ValidationError("field_mask: given without field_emb")
+        elif field_rows is not None or field_pos is not None:
+            if field_rows is None or field_pos is None:
+                raise ValidationError("field_rows / field_pos: expected both or neither")
+            if not isinstance(field_rows, Tensor) or field_rows.dim() != 2:
+                raise ValidationError(
+                    f"field_rows: expected shape (P, D), found {_shape(field_rows)}"
+                )
+            p, fdim = (int(x) for x in field_rows.shape)
+            if dim is not None and fdim != dim:
+                raise ValidationError(
+                    f"field_rows: expected width D = {dim} (that of tag_emb), found {fdim}"
+                )
+            field_rows = on_dev(_check_tensor("field_rows", field_rows, (p, fdim), "float"))
+            field_rows = field_rows.to(_F32)
+            _check_finite("field_rows", field_rows)
+            field_pos = on_dev(_check_tensor("field_pos", field_pos, (n, num_fields), "int")).to(
+                torch.int32
+            )
+            if field_pos.numel():
+                lo, hi = (int(v) for v in torch.aminmax(field_pos))
+                if lo < -1 or hi >= p:
+                    _first_bad(
+                        "field_pos", ((field_pos < -1) | (field_pos >= p)).reshape(-1),
+                        field_pos.reshape(-1), "cell", f"rows in [-1, {p})",
+                    )  # fmt: skip
 
         if ids is not None:
             ids = list(ids)
@@ -735,9 +802,9 @@ class MemoryGraph(Data):
         if tag_emb is not None:
             graph.tag_emb = tag_emb
             graph.tag_mask = tag_mask
-        if field_emb is not None:
-            graph.field_emb = field_emb
-            graph.field_mask = field_mask
+        if field_rows is not None:
+            graph.field_rows = field_rows
+            graph.field_pos = field_pos
         graph.num_nodes = n
         graph.__dict__["_meta"] = _GraphMeta(ids=ids, link_ids=link_ids, version=version)
         return graph

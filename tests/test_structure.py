@@ -20,8 +20,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 import soulmem_torch
 
 ROOT = Path(soulmem_torch.__file__).parent
@@ -241,11 +239,6 @@ def test_no_private_name_across_packages():
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bank/_union.structured_similarity calls functional.similarity._semantic_variant / "
-    "_situation_variant (the field-layout rewrite owns both files; they become public there)",
-)
 def test_no_private_attribute_across_packages():
     bad = private_attributes()
     assert not bad, "\n".join(bad)

@@ -375,8 +375,7 @@ def segment_power_ppr_channels(
 
 
 _NODE_CACHE_KEYS = (
-    "sizes_list", "tag_normalized_padded", "tag_mask_all", "note_ids", "field_normalized",
-    "tag_masked_normalized", "consolidate.rowptr",
+    "sizes_list", "tag_normalized_padded", "tag_mask_all", "note_ids", "consolidate.rowptr",
 )  # fmt: skip
 
 

@@ -181,9 +181,9 @@ def _similarity(
 ) -> Tensor:
     """Stage 1: fused similarity of each query against its agent's notes, (B, M) float32."""
     if all(is_plain_query(q) for q in queries):
-        if union.tag_emb is None:
+        if union.tag_dim is None:
             raise ValidationError("working_memory: plain queries need notes with embeddings")
-        q = _plain_vectors(queries, embedder, int(union.tag_emb.shape[1]), union.device)
+        q = _plain_vectors(queries, embedder, union.tag_dim, union.device)
         return plain_similarity(union, q, idx, valid)
     batch, embedded = structured_batch(queries, embedder, union.device)
     string = None

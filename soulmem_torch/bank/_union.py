@@ -15,6 +15,7 @@ segment-wise PPR) is :mod:`~soulmem_torch.bank._operators`, the small agents' ex
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,9 +62,18 @@ class UnionSnapshot:
         node_type: shape (N,), int64.
         edge_index: shape (2, E), int64. Block-diagonal, CSR order within each block.
         edge_kind / intensity / confidence / prob: shape (E,).
-        tag_emb / tag_mask: (N, D) float32 / (N,) bool, or None when no agent has embeddings.
-        field_emb / field_mask: (N, F, D) / (N, F), or None when no agent has field vectors.
+        tag_mask: (N,) bool, or None when no agent has embeddings.
+        tag_dim: the embedding width ``D``, or None when no agent has embeddings.
+        notes: the structured note side of every agent in the compact layout
+            (:class:`~soulmem_torch.functional.similarity.NoteSide`: the agents' normalized
+            field rows one after the other, then one zero row; ``index`` holds union rows;
+            normalized tags), or None when no agent has field vectors. Built once from the
+            agents' compact layouts and carried across splices.
+        row_ptr: shape (A + 1,), int64. Each agent's rows of ``notes.rows``.
         graphs: the agents' own snapshots (CPU), for the per-agent fallbacks and the ids.
+
+    ``tag_emb`` / ``field_emb`` / ``field_mask`` are compatibility views, concatenated from the
+    agents' snapshots on each read (not kept: no kernel reads them).
     """
 
     ptr: Tensor
@@ -76,10 +86,10 @@ class UnionSnapshot:
     intensity: Tensor
     confidence: Tensor
     prob: Tensor
-    tag_emb: Tensor | None
     tag_mask: Tensor | None
-    field_emb: Tensor | None
-    field_mask: Tensor | None
+    tag_dim: int | None
+    notes: Any
+    row_ptr: Tensor | None
     graphs: list[Any]
     cache: dict[Any, Any] = field(default_factory=dict)
 
@@ -100,6 +110,141 @@ class UnionSnapshot:
         if "sizes_list" not in self.cache:
             self.cache["sizes_list"] = self.sizes.tolist()
         return self.cache["sizes_list"]
+
+    @property
+    def tag_emb(self) -> Tensor | None:
+        """``(N, D)`` raw tag vectors of every agent (zeros for agents without): a fresh
+        concatenation of the snapshots' ``tag_emb`` (compatibility view, not kept)."""
+        if self.tag_dim is None:
+            return None
+        d = self.tag_dim
+        return torch.cat(
+            [g.tag_emb if g.tag_emb is not None else torch.zeros(int(g.num_nodes), d)
+             for g in self.graphs] or [torch.zeros(0, d)]
+        ).to(self.device)  # fmt: skip
+
+    @property
+    def field_emb(self) -> Tensor | None:
+        """``(N, F, D)`` dense raw fields (compatibility view, materialized on each read)."""
+        return self._dense_fields()[0]
+
+    @property
+    def field_mask(self) -> Tensor | None:
+        """``(N, F)`` bool field presence (compatibility view)."""
+        if self.notes is None:
+            return None
+        return self.notes.mask
+
+    def _dense_fields(self) -> tuple[Tensor | None, Tensor | None]:
+        if self.notes is None or self.tag_dim is None:
+            return None, None
+        from soulmem_torch.embedding.fields import FIELD_NAMES
+
+        f, d = len(FIELD_NAMES), self.tag_dim
+        parts = [
+            g.field_emb if g.field_rows is not None else torch.zeros(int(g.num_nodes), f, d)
+            for g in self.graphs
+        ]
+        dense = torch.cat(parts) if parts else torch.zeros(0, f, d)
+        return dense.to(self.device), self.notes.mask
+
+
+def _agent_note_side(g: Any, d: int, device: torch.device) -> Any:
+    """One agent's normalized compact note side on ``device`` (its snapshot's cached one when
+    it has it there; otherwise computed and not cached on the snapshot: the union keeps it)."""
+    from soulmem_torch.embedding.fields import FIELD_NAMES
+    from soulmem_torch.embedding.query_embedding import cached_note_side
+    from soulmem_torch.functional.similarity import note_side_compact
+
+    n = int(g.num_nodes)
+    if g.tag_emb is not None and g.field_rows is not None:
+        notes = cached_note_side(g, cache=False)
+        return notes.to(device)
+    tag = g.tag_emb if g.tag_emb is not None else torch.zeros(n, d)
+    mask = g.tag_mask if g.tag_emb is not None else torch.zeros(n, dtype=torch.bool)
+    pos = torch.full((n, len(FIELD_NAMES)), -1, dtype=torch.int32)
+    return note_side_compact(tag, mask, torch.zeros(0, d), pos, device=device)
+
+
+def _union_note_side(
+    graphs: Sequence[Any], sizes: Tensor, d: int, device: torch.device
+) -> tuple[Any, Tensor]:
+    """Every agent's note side in one pass: the agents' compact layouts concatenated (rows
+    shifted by each agent's row offset) and normalized once — the same row-wise values as each
+    agent's own :func:`~soulmem_torch.functional.similarity.note_side_compact`. Returns
+    ``(notes, row_ptr (A + 1,))``."""
+    from soulmem_torch.embedding.fields import FIELD_NAMES
+    from soulmem_torch.functional.similarity import note_side_compact
+
+    f = len(FIELD_NAMES)
+    counts = torch.tensor(
+        [int(g.field_rows.shape[0]) if g.field_rows is not None else 0 for g in graphs],
+        dtype=_I64,
+    )
+    row_ptr = torch.zeros(len(graphs) + 1, dtype=_I64)
+    torch.cumsum(counts, 0, out=row_ptr[1:])
+    rows = torch.cat([g.field_rows for g in graphs if g.field_rows is not None])
+    pos = torch.cat(
+        [g.field_pos.to(_I64) if g.field_pos is not None
+         else torch.full((int(g.num_nodes), f), -1, dtype=_I64) for g in graphs]
+    )  # fmt: skip
+    shift = torch.repeat_interleave(row_ptr[:-1], sizes).unsqueeze(1)
+    pos = torch.where(pos >= 0, pos + shift, -1)
+    tag = torch.cat(
+        [g.tag_emb if g.tag_emb is not None else torch.zeros(int(g.num_nodes), d)
+         for g in graphs]
+    )  # fmt: skip
+    mask = torch.cat(
+        [g.tag_mask if g.tag_emb is not None
+         else torch.zeros(int(g.num_nodes), dtype=torch.bool) for g in graphs]
+    )  # fmt: skip
+    notes = note_side_compact(tag, mask, rows, pos, device=device)
+    return notes, row_ptr.to(device)
+
+
+def _join_note_sides(parts: list[Any], d: int, device: torch.device) -> tuple[Any, Tensor]:
+    """The union's note side from per-agent (or per-run) note sides ``parts`` whose ``index``
+    are local to their own ``rows`` (each with its trailing zero row): one concatenation.
+    Returns ``(notes, row_ptr of the parts)``."""
+    from soulmem_torch.embedding.fields import FIELD_NAMES
+    from soulmem_torch.functional.similarity import NoteSide
+
+    counts = [int(x.rows.shape[0]) - 1 for x in parts]
+    starts = [0]
+    for c in counts:
+        starts.append(starts[-1] + c)
+    p = starts[-1]
+    rows = torch.zeros(p + 1, d, dtype=torch.float32, device=device)
+    if p:
+        torch.cat([x.rows[:-1] for x in parts], out=rows[:p])
+    f = len(FIELD_NAMES)
+    if parts:
+        sizes = torch.tensor([int(x.index.shape[0]) for x in parts], dtype=_I64, device=device)
+        shift = torch.repeat_interleave(torch.tensor(starts[:-1], dtype=_I64, device=device), sizes)
+        mask = torch.cat([x.mask for x in parts])
+        index = torch.where(mask, torch.cat([x.index for x in parts]) + shift.unsqueeze(1), p)
+        tag = torch.cat([x.tag for x in parts])
+        no_tag = torch.cat([x.no_tag for x in parts])
+        has_emb = torch.cat([x.has_emb for x in parts])
+    else:
+        mask = torch.zeros(0, f, dtype=torch.bool, device=device)
+        index = torch.zeros(0, f, dtype=_I64, device=device)
+        tag = torch.zeros(0, d, device=device)
+        no_tag = has_emb = torch.zeros(0, dtype=torch.bool, device=device)
+    notes = NoteSide(rows, index, mask, tag, no_tag, has_emb)
+    return notes, torch.tensor(starts, dtype=_I64, device=device)
+
+
+def _slice_note_side(notes: Any, n0: int, n1: int, r0: int, r1: int) -> Any:
+    """Notes ``n0:n1`` of a union note side whose rows are ``r0:r1``, as a note side of their
+    own (index local to the slice, a zero row appended): views, except the appended row."""
+    from soulmem_torch.functional.similarity import NoteSide
+
+    rows = torch.cat([notes.rows[r0:r1], notes.rows.new_zeros(1, notes.rows.shape[1])])
+    mask = notes.mask[n0:n1]
+    index = torch.where(mask, notes.index[n0:n1] - r0, r1 - r0)
+    return NoteSide(rows, index, mask, notes.tag[n0:n1], notes.no_tag[n0:n1],
+                    notes.has_emb[n0:n1])  # fmt: skip
 
 
 def _cat(parts: list[Tensor], empty: Tensor) -> Tensor:
@@ -137,53 +282,38 @@ def build_union(graphs: Sequence[Any], device: torch.device) -> UnionSnapshot:
         raise ValidationError(
             f"agents: expected one embedding width across the bank, found widths {sorted(dims)}"
         )
-    tag_emb = tag_mask = field_emb = field_mask = None
+    tag_mask = notes = row_ptr = None
+    d: int | None = None
     if dims:
         (d,) = dims
-        tag_emb = torch.cat(
-            [g.tag_emb if g.tag_emb is not None else torch.zeros(int(g.num_nodes), d)
-             for g in graphs]
-        )  # fmt: skip
         tag_mask = torch.cat(
             [g.tag_mask if g.tag_mask is not None
              else torch.zeros(int(g.num_nodes), dtype=torch.bool) for g in graphs]
-        )  # fmt: skip
-        if any(g.field_emb is not None for g in graphs):
-            from soulmem_torch.embedding.fields import FIELD_NAMES
-
-            f = len(FIELD_NAMES)
-            field_emb = torch.cat(
-                [g.field_emb if g.field_emb is not None
-                 else torch.zeros(int(g.num_nodes), f, d) for g in graphs]
-            )  # fmt: skip
-            field_mask = torch.cat(
-                [g.field_mask if g.field_mask is not None
-                 else torch.zeros(int(g.num_nodes), f, dtype=torch.bool) for g in graphs]
-            )  # fmt: skip
-
-    def dev(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.to(device)
+        ).to(device)  # fmt: skip
+        if any(g.field_rows is not None for g in graphs):
+            notes, row_ptr = _union_note_side(graphs, sizes, d, device)
+    agent = agent.to(device)
 
     return UnionSnapshot(
         ptr=ptr.to(device),
         eptr=eptr.to(device),
         sizes=sizes.to(device),
-        agent=agent.to(device),
+        agent=agent,
         node_type=node_type.to(device),
         edge_index=edge_index.to(device),
         edge_kind=edge_attr("edge_kind", _I64).to(device),
         intensity=edge_attr("intensity", _F64).to(device),
         confidence=edge_attr("confidence", torch.float32).to(device),
         prob=edge_attr("prob", _F64).to(device),
-        tag_emb=dev(tag_emb),
-        tag_mask=dev(tag_mask),
-        field_emb=dev(field_emb),
-        field_mask=dev(field_mask),
+        tag_mask=tag_mask,
+        tag_dim=d,
+        notes=notes,
+        row_ptr=row_ptr,
         graphs=graphs,
     )
 
 
-_NODE_FIELDS = ("node_type", "tag_emb", "tag_mask", "field_emb", "field_mask")
+_NODE_FIELDS = ("node_type", "tag_mask")
 _EDGE_FIELDS = ("edge_kind", "intensity", "confidence", "prob")
 
 
@@ -202,12 +332,12 @@ def splice_union(
         return None
     for p in fresh:
         g = graphs[p]
-        for name in ("tag_emb", "field_emb"):
-            mine, theirs = getattr(g, name), getattr(old, name)
-            if (mine is None) != (theirs is None):
-                return None
-            if mine is not None and mine.shape[-1] != theirs.shape[-1]:
-                return None
+        if (g.tag_emb is None) != (old.tag_dim is None):
+            return None
+        if g.tag_emb is not None and int(g.tag_emb.shape[-1]) != old.tag_dim:
+            return None
+        if (g.field_rows is None) != (old.notes is None):
+            return None
     device = old.device
     sizes_l = [int(g.num_nodes) for g in graphs]
     esizes_l = [int(g.edge_index.shape[1]) for g in graphs]
@@ -219,6 +349,8 @@ def splice_union(
     torch.cumsum(esizes, 0, out=eptr[1:])
     ptr_l, old_ptr, old_eptr = ptr.tolist(), old.ptr.tolist(), old.eptr.tolist()
     parts: dict[str, list[Tensor]] = {k: [] for k in (*_NODE_FIELDS, *_EDGE_FIELDS, "edge_index")}
+    note_parts: list[Any] = []
+    old_rptr = old.row_ptr.tolist() if old.notes is not None else None
     p = 0
     fresh_set = set(fresh)
     while p < a:
@@ -228,6 +360,12 @@ def splice_union(
                 value = getattr(g, name)
                 if value is not None:
                     parts[name].append(value.to(device))
+            if old.tag_dim is not None and g.tag_mask is None:
+                parts["tag_mask"].append(
+                    torch.zeros(int(g.num_nodes), dtype=torch.bool, device=device)
+                )
+            if old.notes is not None:
+                note_parts.append(_agent_note_side(g, old.tag_dim, device))
             parts["edge_index"].append(g.edge_index.to(device) + ptr_l[p])
             p += 1
             continue
@@ -241,6 +379,8 @@ def splice_union(
                 parts[name].append(value[n0:n1])
         for name in _EDGE_FIELDS:
             parts[name].append(getattr(old, name)[e0:e1])
+        if old_rptr is not None:  # the run's normalized rows, carried (not recomputed)
+            note_parts.append(_slice_note_side(old.notes, n0, n1, old_rptr[p], old_rptr[q]))
         parts["edge_index"].append(old.edge_index[:, e0:e1] + (ptr_l[p] - old_ptr[p]))
         p = q
 
@@ -249,21 +389,36 @@ def splice_union(
             return None
         return torch.cat(parts[name]) if parts[name] else empty.to(device)
 
+    agent = torch.repeat_interleave(torch.arange(a, device=device), sizes.to(device))
+    notes = row_ptr = None
+    if old.notes is not None:
+        notes, run_ptr = _join_note_sides(note_parts, old.tag_dim, device)
+        # agent row offsets: the first row of each agent's extent, in agent order
+        counts = torch.tensor(
+            [int(g.field_rows.shape[0]) if g.field_rows is not None else 0 for g in graphs],
+            dtype=_I64,
+        )
+        row_ptr = torch.zeros(a + 1, dtype=_I64)
+        torch.cumsum(counts, 0, out=row_ptr[1:])
+        row_ptr = row_ptr.to(device)
+        if int(row_ptr[-1]) != int(run_ptr[-1]):  # pragma: no cover - a layout mismatch
+            return None
+
     return UnionSnapshot(
         ptr=ptr.to(device),
         eptr=eptr.to(device),
         sizes=sizes.to(device),
-        agent=torch.repeat_interleave(torch.arange(a, device=device), sizes.to(device)),
+        agent=agent,
         node_type=cat("node_type", torch.zeros(0, dtype=_I64)),
         edge_index=torch.cat(parts["edge_index"], dim=1),
         edge_kind=cat("edge_kind", torch.zeros(0, dtype=_I64)),
         intensity=cat("intensity", torch.zeros(0, dtype=_F64)),
         confidence=cat("confidence", torch.zeros(0)),
         prob=cat("prob", torch.zeros(0, dtype=_F64)),
-        tag_emb=cat("tag_emb", torch.zeros(0)),
         tag_mask=cat("tag_mask", torch.zeros(0, dtype=torch.bool)),
-        field_emb=cat("field_emb", torch.zeros(0)),
-        field_mask=cat("field_mask", torch.zeros(0, dtype=torch.bool)),
+        tag_dim=old.tag_dim,
+        notes=notes,
+        row_ptr=row_ptr,
         graphs=graphs,
     )
 
@@ -300,22 +455,20 @@ def plain_similarity(union: UnionSnapshot, q: Tensor, idx: Tensor, valid: Tensor
 
     ``cosine_scores(q, x) * tag_mask`` of the retrieve layer, segment-wise.
     """
-    if union.tag_emb is None:
+    if union.tag_dim is None:
         raise ValidationError("working_memory: plain queries need notes with embeddings")
     # the normalized note vectors, followed by zero rows (as many as the largest agent has
     # notes) so that every query's window of candidate rows stays inside the tensor
     padded = union.cache.get("tag_normalized_padded")
     if padded is None:
-        n, d = union.tag_emb.shape
+        tag_emb = union.tag_emb.to(torch.float32)  # materialized once, then dropped
+        n, d = tag_emb.shape
         pad = int(union.sizes.max()) if union.num_agents else 0
-        padded = torch.zeros(n + pad, d, dtype=torch.float32, device=union.tag_emb.device)
-        torch.div(
-            union.tag_emb.to(torch.float32),
-            _safe_norm(union.tag_emb.to(torch.float32)),
-            out=padded[:n],
-        )
+        padded = torch.zeros(n + pad, d, dtype=torch.float32, device=tag_emb.device)
+        torch.div(tag_emb, _safe_norm(tag_emb), out=padded[:n])
+        del tag_emb
         union.cache["tag_normalized_padded"] = padded
-    xn = padded[: union.tag_emb.shape[0]]
+    xn = padded[: union.num_nodes]
     if q.shape[1] != xn.shape[1]:
         raise ValidationError(
             f"query: expected vectors of width {xn.shape[1]}, found width {q.shape[1]}"
@@ -367,6 +520,35 @@ def note_ids(union: UnionSnapshot, positions: Sequence[int]) -> list[Any]:
     return flat
 
 
+def _candidate_cos(notes: Any, qn: Tensor, fidx: Tensor) -> Any:
+    """``cos(query field, note field) -> (s, U, M)`` for ``s`` queries against their candidate
+    rows: the candidates' rows of that note field (``fidx``: (s, M, F) union rows, the zero row
+    where absent) gathered as ``(s, M, D)`` — one field at a time, only the fields the rules
+    read — and matched by one ``bmm`` with the queries' normalized unit field (the shapes the
+    dense layout had, so the same bits)."""
+    from soulmem_torch.embedding.fields import FIELD_INDEX, QUERY_FIELD_INDEX
+
+    s, u = int(qn.shape[0]), int(qn.shape[1])
+    m = int(fidx.shape[1])
+    q_present = (qn != 0).any(dim=-1).any(dim=1).any(dim=0).tolist()  # (Q,): one host sync
+
+    def cos(q_name: str, f_name: str) -> Tensor:
+        qi, j = QUERY_FIELD_INDEX[q_name], FIELD_INDEX[f_name]
+        if not q_present[qi]:
+            return qn.new_zeros(s, u, m)
+        rows = notes.rows.index_select(0, fidx[:, :, j].reshape(-1)).view(s, m, -1)
+        return torch.bmm(qn[:, :, qi], rows.transpose(1, 2))
+
+    return cos
+
+
+def _has_field(mask: Tensor, name: str) -> Tensor:
+    """``(s, 1, M)``: which candidates have note field ``name`` (``mask``: (s, M, F))."""
+    from soulmem_torch.embedding.fields import FIELD_INDEX
+
+    return mask[:, :, FIELD_INDEX[name]].unsqueeze(1)
+
+
 def structured_similarity(
     union: UnionSnapshot,
     batch: Any,
@@ -379,67 +561,56 @@ def structured_similarity(
     """``fused_similarity`` of B embedded queries against their agents' notes: (B, M) float32.
 
     The rules of :func:`soulmem_torch.functional.similarity.embedding_scores` evaluated on
-    padded candidate rows: its variant kernels run under ``torch.func.vmap`` over the queries
-    (one ``bmm`` per field pair), never on a ``B × N`` matrix.
+    padded candidate rows of the compact note side (``union.notes``), never on a ``B × N``
+    matrix: for each note field the rules read, the candidates' rows of that field are
+    gathered (``(c, M, D)``, never a dense ``(M, F, D)`` block) and matched by one ``bmm``.
     """
+    from soulmem_torch.embedding.fields import QUERY_SEMANTIC, QUERY_SITUATION
     from soulmem_torch.functional import similarity as fsim
 
     w = weights if weights is not None else BlendWeights()
     device = idx.device
     b, m = idx.shape
     out = torch.zeros(b, m, dtype=torch.float32, device=device)
-    if b == 0 or m == 0:
-        return out
-    if union.tag_emb is None or union.field_emb is None:
+    notes = union.notes
+    if b == 0 or m == 0 or notes is None:
         return out  # the retrieve layer scores notes without embeddings as 0
     q = batch.to(device)
-    fn_u = union.cache.get("field_normalized")
-    if fn_u is None:
-        fn_u = normalize_rows(union.field_emb).masked_fill_(~union.field_mask.unsqueeze(-1), 0.0)
-        union.cache["field_normalized"] = fn_u
-    tn_u = union.cache.get("tag_masked_normalized")
-    if tn_u is None:
-        tn_u = normalize_rows(union.tag_emb) * union.tag_mask.unsqueeze(-1)
-        union.cache["tag_masked_normalized"] = tn_u
-    n_zero_u = ~((union.tag_emb != 0).any(dim=-1) & union.tag_mask)
     um = q.unit_mask
     qm = q.field_mask & um.unsqueeze(-1)
     qn = normalize_rows(q.field).masked_fill_(~qm.unsqueeze(-1), 0.0)
     kind = q.kind.to(device)
     qtag = normalize_rows(q.tag)
     q_zero = ~(q.tag != 0).any(dim=-1)
-    from soulmem_torch.embedding.fields import QUERY_SEMANTIC, QUERY_SITUATION
-
-    sem_variant = torch.func.vmap(fsim._semantic_variant, in_dims=(0, 0, 0, 0, None))
-    sit_variant = torch.func.vmap(fsim._situation_variant, in_dims=(0, 0, 0, 0, 0, 0, None))
-    f, d = union.field_emb.shape[1], union.field_emb.shape[2]
-    for sl in _chunks(b, m * f * d):
+    d = int(notes.rows.shape[1])
+    # gathered per query at a time: its candidates' tags and one field's rows (a few fields)
+    for sl in _chunks(b, 4 * m * d):
         ix = idx[sl]
-        fn = fn_u[ix]  # (c, M, F, D)
-        fm = union.field_mask[ix]
         ntype = union.node_type[ix]
+        fidx = notes.index[ix]  # (c, M, F) union rows
+        fm = notes.mask[ix]
         c = ix.shape[0]
         variant = torch.zeros(c, m, dtype=torch.float32, device=device)
         k = kind[sl]
         sem = (k == QUERY_SEMANTIC).nonzero().squeeze(1)
         sit = (k == QUERY_SITUATION).nonzero().squeeze(1)
         if sem.numel():
-            v = sem_variant(
-                qn[sl][sem].unsqueeze(1), qm[sl][sem].unsqueeze(1), um[sl][sem].unsqueeze(1),
-                fn[sem], w,
-            ).squeeze(1)  # fmt: skip
+            cos = _candidate_cos(notes, qn[sl][sem], fidx[sem])
+            v = fsim.semantic_variant(cos, qm[sl][sem], um[sl][sem], w)
             variant[sem] = torch.where(ntype[sem] == NODE_SEMANTIC, v, 0.0)
         if sit.numel():
-            v = sit_variant(
-                qn[sl][sit].unsqueeze(1), qm[sl][sit].unsqueeze(1), um[sl][sit].unsqueeze(1),
-                fn[sit], fm[sit], ntype[sit], w,
-            ).squeeze(1)  # fmt: skip
-            is_sit = (ntype[sit] == NODE_SPECIFIC) | (ntype[sit] == NODE_ABSTRACT)
+            cos = _candidate_cos(notes, qn[sl][sit], fidx[sit])
+            fm_sit, nt_sit = fm[sit], ntype[sit]
+            v = fsim.situation_variant(
+                cos, functools.partial(_has_field, fm_sit), nt_sit.unsqueeze(1),
+                qm[sl][sit], um[sl][sit], w,
+            )  # fmt: skip
+            is_sit = (nt_sit == NODE_SPECIFIC) | (nt_sit == NODE_ABSTRACT)
             variant[sit] = torch.where(is_sit, v, 0.0)
-        tag_cos = torch.bmm(tn_u[ix], qtag[sl].unsqueeze(-1)).squeeze(-1)
-        no_tag = q_zero[sl].unsqueeze(1) | n_zero_u[ix]
+        tag_cos = torch.bmm(notes.tag[ix], qtag[sl].unsqueeze(-1)).squeeze(-1)
+        no_tag = q_zero[sl].unsqueeze(1) | notes.no_tag[ix]
         score = torch.where(no_tag, variant, w.tag * tag_cos + w.variant * variant)
-        has_emb = union.tag_mask[ix]
+        has_emb = notes.has_emb[ix]
         score = torch.where(has_emb, score, 0.0)
         if string is not None:
             fused = fsim.fuse_string_scores(score, string[sl], alpha=w.string_blend_alpha)
@@ -448,18 +619,31 @@ def structured_similarity(
     return torch.where(valid, out, 0.0)
 
 
-# Cost model of the two structured paths (seconds): gathering candidate field tensors per query
-# moves ~B·M·F·D floats; scoring per agent group costs a fixed overhead per distinct agent.
+# Cost model of the two structured paths (seconds): gathering candidate rows per query moves
+# ~B·M·D floats of tags plus the distinct field rows; scoring per agent group costs a fixed
+# overhead per distinct agent.
 _GATHER_SECONDS_PER_FLOAT = 0.5e-9
 _GROUP_SECONDS = 5e-4
 
 
 def grouped_is_cheaper(union: UnionSnapshot, num_queries: int, num_agents: int, m: int) -> bool:
     """Whether scoring per agent group beats the gathered candidate rows for this batch."""
-    if union.field_emb is None:
+    if union.notes is None:
         return False
-    f, d = union.field_emb.shape[1], union.field_emb.shape[2]
-    return num_agents * _GROUP_SECONDS < num_queries * m * f * d * _GATHER_SECONDS_PER_FLOAT
+    d = int(union.notes.rows.shape[1])
+    return num_agents * _GROUP_SECONDS < num_queries * m * 2 * d * _GATHER_SECONDS_PER_FLOAT
+
+
+def _agent_notes(union: UnionSnapshot, lo: int, hi: int) -> Any:
+    """Notes ``lo:hi`` (one agent) of the union note side, as a note side of their own: views
+    of the union's tensors (``index`` still points at union rows), no copy."""
+    from soulmem_torch.functional.similarity import NoteSide
+
+    notes = union.notes
+    return NoteSide(
+        notes.rows, notes.index[lo:hi], notes.mask[lo:hi], notes.tag[lo:hi],
+        notes.no_tag[lo:hi], notes.has_emb[lo:hi],
+    )  # fmt: skip
 
 
 def grouped_structured_similarity(
@@ -472,14 +656,14 @@ def grouped_structured_similarity(
     weights: BlendWeights | None,
 ) -> Tensor:
     """``fused_similarity`` per agent of the batch: one batched call per distinct agent on its
-    slice of the union (its queries × its notes), written into ``(B, M)`` rows. Used when a
-    batch holds many queries per agent, where gathering an agent's field tensors once per
+    slice of the union's note side (its queries × its notes), written into ``(B, M)`` rows.
+    Used when a batch holds many queries per agent, where gathering an agent's rows once per
     query would cost more than the per-agent calls."""
-    from soulmem_torch.functional.similarity import fused_similarity
+    from soulmem_torch.functional.similarity import fused_similarity_compact
 
     device = union.device
     out = torch.zeros(len(positions), m, dtype=torch.float32, device=device)
-    if union.tag_emb is None or union.field_emb is None or not positions:
+    if union.notes is None or not positions:
         return out
     q = batch.to(device)
     groups: dict[int, list[int]] = {}
@@ -492,10 +676,9 @@ def grouped_structured_similarity(
             continue
         r = torch.tensor(rows, device=device)
         sub = q.select(r)
-        out[r, : hi - lo] = fused_similarity(
+        out[r, : hi - lo] = fused_similarity_compact(
             sub.tag, sub.kind, sub.field, sub.field_mask, sub.unit_mask,
-            union.tag_emb[lo:hi], union.tag_mask[lo:hi], union.field_emb[lo:hi],
-            union.field_mask[lo:hi], union.node_type[lo:hi],
+            _agent_notes(union, lo, hi), union.node_type[lo:hi],
             string_scores=None if string is None else string[r, : hi - lo],
             weights=weights,
         )  # fmt: skip

@@ -96,3 +96,51 @@ class EmbeddingPlan:
             weight = torch.tensor(self._weight, dtype=torch.float32, device=vectors.device)
             out.index_add_(0, slot, vectors.index_select(0, text) * weight.unsqueeze(1))
         return out
+
+    def assemble_distinct(
+        self,
+        embedder: Any,
+        *,
+        query: bool,
+        batch_size: int,
+        device: torch.device | str | None,
+    ) -> tuple[Tensor, list[int]]:
+        """As :meth:`assemble`, but slots with the same recipe (the same texts with the same
+        weights in the same order — a speaker's name in every turn, the same empty
+        environment) are computed once: returns ``(rows (K, D) f32, row of each slot)``.
+
+        A slot's row is built from exactly its own contributions in their order, so each
+        value is the one :meth:`assemble` gives."""
+        recipes: list[list[tuple[int, float]]] = [[] for _ in range(self.num_slots)]
+        for slot, text, weight in zip(self._slot, self._text, self._weight):
+            recipes[slot].append((text, weight))
+        distinct: dict[tuple[tuple[int, float], ...], int] = {}
+        slot_row: list[int] = []
+        for recipe in recipes:
+            slot_row.append(distinct.setdefault(tuple(recipe), len(distinct)))
+        first = [True] * len(distinct)
+        representative = [False] * self.num_slots
+        for slot, row in enumerate(slot_row):
+            if first[row]:
+                first[row] = False
+                representative[slot] = True
+        vectors = run_embedder(
+            embedder,
+            self.texts,
+            query=query,
+            batch_size=batch_size,
+            device=device,
+            describe=self.describe,
+        )
+        dim = int(vectors.shape[1])
+        out = torch.zeros(len(distinct), dim, dtype=torch.float32, device=vectors.device)
+        keep = [i for i, slot in enumerate(self._slot) if representative[slot]]
+        if keep:
+            dev = vectors.device
+            slot = torch.tensor([slot_row[self._slot[i]] for i in keep], dtype=torch.long,
+                                device=dev)  # fmt: skip
+            text = torch.tensor([self._text[i] for i in keep], dtype=torch.long, device=dev)
+            weight = torch.tensor([self._weight[i] for i in keep], dtype=torch.float32,
+                                  device=dev)  # fmt: skip
+            out.index_add_(0, slot, vectors.index_select(0, text) * weight.unsqueeze(1))
+        return out, slot_row

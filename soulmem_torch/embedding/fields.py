@@ -1,7 +1,9 @@
 """Field layout of note and query embeddings (docs/spec.md §3), shared by the embedder, graph and kernels.
 
 Every note kind stores a tag vector plus a fixed set of named field vectors. ``FIELD_NAMES`` is
-the column order of ``MemoryGraph.field_emb`` ``(N, F, D)`` / ``field_mask`` ``(N, F)``.
+the column order of ``MemoryGraph.field_pos`` ``(N, F)`` (the compact layout: the row of
+``field_rows`` ``(P, D)`` of each note field, :func:`stack_compact_field_embeddings`) and of the
+dense ``field_emb`` ``(N, F, D)`` / ``field_mask`` ``(N, F)`` (:func:`stack_field_embeddings`).
 ``QUERY_FIELD_NAMES`` is the column order of a query batch's ``field`` ``(B, U, Q, D)`` /
 ``field_mask`` ``(B, U, Q)`` (one row per query unit).
 
@@ -44,6 +46,9 @@ __all__ = [
     "QUERY_SITUATION",
     "EmbeddedMemoryNote",
     "MemoryEmbedding",
+    "compact_to_dense",
+    "dense_to_compact",
+    "stack_compact_field_embeddings",
     "stack_field_embeddings",
     "stack_plain_embeddings",
 ]
@@ -279,6 +284,105 @@ def stack_field_embeddings(
         field_emb.view(n * f, d)[index] = torch.stack([v.to("cpu", torch.float32) for v in vectors])
         field_mask.view(n * f)[index] = True
     return tag_emb, tag_mask, field_emb, field_mask
+
+
+def stack_compact_field_embeddings(
+    embeddings: Sequence[MemoryEmbedding | None], dim: int | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The compact field layout of N notes (docs/spec.md §3, DECISION "compact note layout").
+
+    Only the fields a note has are stored: ``field_rows (P, D)`` holds the distinct field
+    vectors grouped by field (every row of field ``j`` before any row of field ``j + 1``, in
+    note order within a field), ``field_pos (N, F)`` int32 the row of each (note, field),
+    ``-1`` where the note lacks the field. A vector shared by several notes for the same field
+    (the same tensor memory, as :func:`~soulmem_torch.embedding.embed_notes` hands out for
+    fields built from the same texts) is stored once.
+
+    Args:
+        embeddings: length N. One ``MemoryEmbedding`` or ``None`` (no embedding) per note.
+        dim: > 0. Embedding width ``D``; ``None`` = the first embedding's width.
+
+    Returns:
+        ``(tag_emb (N, D) f32, tag_mask (N,) bool, field_rows (P, D) f32, field_pos (N, F)
+        int32)`` on the CPU; as :func:`stack_field_embeddings` but without the dense block.
+
+    Raises:
+        ValidationError: naming the note and field, on a wrong width or a NaN / inf value.
+    """
+    n, f = len(embeddings), len(FIELD_NAMES)
+    d = _infer_dim(embeddings, dim) if n else (dim or 0)
+    rows: list[int] = []
+    tags: list[Tensor] = []
+    cells: list[int] = []
+    local: list[int] = []
+    cell_field: list[int] = []
+    per_field: list[list[Tensor]] = [[] for _ in range(f)]
+    seen: list[dict[tuple[int, ...], int]] = [{} for _ in range(f)]
+    for i, emb in enumerate(embeddings):
+        if emb is None:
+            continue
+        if not isinstance(emb, MemoryEmbedding):
+            raise ValidationError(
+                f"embeddings[{i}]: expected a MemoryEmbedding or None, found {type(emb).__name__}"
+            )
+        rows.append(i)
+        tags.append(_check_vector(f"embeddings[{i}].tag", emb.tag, d).detach())
+        for name, vec in emb.fields.items():
+            j = FIELD_INDEX.get(name)
+            if j is None:
+                continue
+            v = _check_vector(f"embeddings[{i}].fields[{name!r}]", vec, d).detach()
+            # the same memory (storage, offset, stride, dtype) holds the same vector
+            key = (v.untyped_storage().data_ptr(), v.storage_offset(), v.stride(0), id(v.dtype))
+            r = seen[j].get(key)
+            if r is None:
+                r = seen[j][key] = len(per_field[j])
+                per_field[j].append(v)
+            cells.append(i * f + j)
+            local.append(r)
+            cell_field.append(j)
+    tag_emb = torch.zeros(n, d, dtype=torch.float32)
+    tag_mask = torch.zeros(n, dtype=torch.bool)
+    if rows:
+        index = torch.tensor(rows, dtype=torch.long)
+        tag_emb[index] = torch.stack([t.to("cpu", torch.float32) for t in tags])
+        tag_mask[index] = True
+    vectors = [v.to("cpu", torch.float32) for group in per_field for v in group]
+    field_rows = torch.stack(vectors) if vectors else torch.zeros(0, d, dtype=torch.float32)
+    field_pos = torch.full((n * f,), -1, dtype=torch.int32)
+    if cells:
+        counts = torch.tensor([len(g) for g in per_field], dtype=torch.int64)
+        offsets = torch.cumsum(counts, 0) - counts
+        field_pos[torch.tensor(cells, dtype=torch.long)] = (
+            offsets[torch.tensor(cell_field, dtype=torch.long)]
+            + torch.tensor(local, dtype=torch.long)
+        ).to(torch.int32)
+    return tag_emb, tag_mask, field_rows, field_pos.view(n, f)
+
+
+def dense_to_compact(field_emb: Tensor, field_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``(field_rows (P, D), field_pos (N, F) int32)`` of a dense ``(N, F, D)`` block and its
+    ``(N, F)`` mask: the present cells, grouped by field (no interning: every present cell is
+    its own row). Follows the inputs' device and dtype."""
+    n, f = int(field_mask.shape[0]), int(field_mask.shape[1])
+    cells = field_mask.reshape(-1).nonzero().reshape(-1)  # note-major
+    cells = cells[torch.sort(cells % f, stable=True).indices]  # grouped by field
+    field_rows = field_emb.reshape(n * f, -1).index_select(0, cells)
+    field_pos = torch.full((n * f,), -1, dtype=torch.int32, device=field_mask.device)
+    field_pos[cells] = torch.arange(cells.numel(), device=field_mask.device, dtype=torch.int32)
+    return field_rows, field_pos.view(n, f)
+
+
+def compact_to_dense(field_rows: Tensor, field_pos: Tensor) -> tuple[Tensor, Tensor]:
+    """The dense ``(field_emb (N, F, D), field_mask (N, F))`` of a compact layout (zeros where
+    absent): a fresh copy, for code that wants the dense block; no kernel uses it."""
+    n, f = int(field_pos.shape[0]), int(field_pos.shape[1])
+    d = int(field_rows.shape[-1])
+    mask = field_pos >= 0
+    dense = field_rows.new_zeros(n, f, d)
+    if field_rows.shape[0]:
+        dense[mask] = field_rows.index_select(0, field_pos[mask].to(torch.long))
+    return dense, mask
 
 
 def stack_plain_embeddings(

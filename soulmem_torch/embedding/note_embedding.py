@@ -22,6 +22,10 @@ Field rules (exactly the original's ``Embeddable`` impls):
   mean(atmosphere, tone); Event mean(action, initiator, target).
 * Procedure: tag only.
 
+Vectors with the same recipe (the same texts and weights) are computed once and handed out as
+views of one row (a speaker in every turn, an empty environment): the values are those of a
+separate computation, and a snapshot's compact layout stores them once.
+
 Text embedded whole (tags, aliases, leaf fields) is passed to the embedder as is, ``""``
 included; chunked text that is empty or whitespace has no chunk and gives the zero vector
 (**DECISION:** the original fails with ``InvalidInput`` there).
@@ -236,9 +240,15 @@ def embed_notes(
     plan = EmbeddingPlan(chunk_chars=chunk_chars)
     planner = _NotePlanner(plan)
     layout = [planner.note(note, i) for i, note in enumerate(resolved)]
-    slots = plan.assemble(embedder, query=False, batch_size=batch_size, device=device)
+    # fields built from the same texts with the same weights share one row (views of the same
+    # memory): the snapshot's compact layout then stores that vector once
+    rows, row_of = plan.assemble_distinct(
+        embedder, query=False, batch_size=batch_size, device=device
+    )
     return [
-        MemoryEmbedding(tag=slots[tag], fields={name: slots[s] for name, s in fields.items()})
+        MemoryEmbedding(
+            tag=rows[row_of[tag]], fields={name: rows[row_of[s]] for name, s in fields.items()}
+        )
         for tag, fields in layout
     ]
 

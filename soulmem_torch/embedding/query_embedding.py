@@ -46,7 +46,7 @@ from soulmem_torch.model.query import (
     SituationQueryUnit,
 )
 
-__all__ = ["QueryEmbeddingBatch", "as_query", "embed_queries"]
+__all__ = ["QueryEmbeddingBatch", "as_query", "cached_note_side", "embed_queries"]
 
 
 @dataclass
@@ -116,58 +116,57 @@ class QueryEmbeddingBatch:
         Returns:
             shape (B, N), float32, on the graph's device.
         """
-        from soulmem_torch.functional.similarity import fused_similarity
+        from soulmem_torch.functional.similarity import fused_similarity_compact
 
         node_type = graph.node_type
-        device = node_type.device
-        n = int(node_type.shape[0])
-        tag_emb = getattr(graph, "tag_emb", None)
-        field_emb = getattr(graph, "field_emb", None)
-        if tag_emb is None or field_emb is None:
-            from soulmem_torch.embedding.fields import FIELD_NAMES
-
-            tag_emb = torch.zeros(n, self.dim, device=device)
-            field_emb = torch.zeros(n, len(FIELD_NAMES), self.dim, device=device)
-            tag_mask = torch.zeros(n, dtype=torch.bool, device=device)
-            field_mask = torch.zeros(n, len(FIELD_NAMES), dtype=torch.bool, device=device)
-            notes = None
-        else:
-            tag_mask = graph.tag_mask
-            field_mask = graph.field_mask
-            notes = _cached_note_side(graph, tag_emb, tag_mask, field_emb, field_mask)
-        q = self.to(device)
-        return fused_similarity(
+        notes = cached_note_side(graph)
+        if notes is None:  # nothing embedded: every note scores 0
+            b, n = self.num_queries, int(node_type.shape[0])
+            return torch.zeros(b, n, dtype=torch.float32, device=node_type.device)
+        q = self.to(node_type.device)
+        return fused_similarity_compact(
             q.tag,
             q.kind,
             q.field,
             q.field_mask,
             q.unit_mask,
-            tag_emb,
-            tag_mask,
-            field_emb,
-            field_mask,
+            notes,
             node_type,
             string_scores=string_scores,
             weights=weights,
-            notes=notes,
         )
 
 
-def _cached_note_side(
-    graph: Any, tag_emb: Tensor, tag_mask: Tensor, field_emb: Tensor, field_mask: Tensor
-) -> Any:
-    """The normalized note side of the similarity, once per graph snapshot (in ``graph.cache``
-    when it has one; the cache holds a normalized copy of the note fields)."""
-    from soulmem_torch.functional.similarity import note_side
+def cached_note_side(graph: Any, *, cache: bool = True) -> Any:
+    """The normalized compact note side of ``graph``'s similarity
+    (:func:`~soulmem_torch.functional.similarity.note_side_compact`), once per snapshot: kept
+    in ``graph.cache["similarity_note_side"]`` when the graph has a cache and ``cache`` is
+    True (a ``MemoryBank`` asks with ``cache=False`` and keeps the one copy in its union).
+    ``None`` when the notes have no tag or field vectors.
 
-    cache = getattr(graph, "cache", None)
-    if not isinstance(cache, dict):
-        return note_side(tag_emb, tag_mask, field_emb, field_mask)
-    hit = cache.get("similarity_note_side")
-    sources = (tag_emb, tag_mask, field_emb, field_mask)
-    if hit is None or any(a is not b for a, b in zip(hit[0], sources)):
-        hit = cache["similarity_note_side"] = (sources, note_side(*sources))
-    return hit[1]
+    Accepts a ``MemoryGraph`` (``field_rows`` / ``field_pos``) or anything with dense
+    ``field_emb`` / ``field_mask`` (compacted first)."""
+    from soulmem_torch.functional.similarity import note_side, note_side_compact
+
+    store = getattr(graph, "cache", None)
+    tag_emb = getattr(graph, "tag_emb", None)
+    rows = getattr(graph, "field_rows", None)
+    sources = (tag_emb, getattr(graph, "tag_mask", None), rows, getattr(graph, "field_pos", None))
+    hit = store.get("similarity_note_side") if isinstance(store, dict) else None
+    if hit is not None and all(a is b for a, b in zip(hit[0], sources)):
+        return hit[1]
+    if tag_emb is None:
+        return None
+    if rows is not None:
+        notes = note_side_compact(tag_emb, graph.tag_mask, rows, graph.field_pos)
+    else:
+        field_emb = getattr(graph, "field_emb", None)
+        if field_emb is None:
+            return None
+        notes = note_side(tag_emb, graph.tag_mask, field_emb, graph.field_mask)
+    if cache and isinstance(store, dict):
+        store["similarity_note_side"] = (sources, notes)
+    return notes
 
 
 def as_query(query: Any, i: int = 0) -> MemoryRetrieveQuery:

@@ -49,6 +49,7 @@ original's order):
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 import torch
@@ -72,11 +73,16 @@ __all__ = [
     "NoteSide",
     "cosine_scores",
     "embedding_scores",
+    "embedding_scores_compact",
     "fuse_string_scores",
     "fused_similarity",
+    "fused_similarity_compact",
     "normalize_rows",
     "note_side",
+    "note_side_compact",
     "topk",
+    "semantic_variant",
+    "situation_variant",
 ]
 
 
@@ -272,29 +278,14 @@ class _QueryFields:
         return self._done[i]
 
 
-class _Pair:
-    """Cosines between query unit fields (b, U, Q, D) and note fields (n, F, D)."""
-
-    def __init__(self, qn: Tensor | _QueryFields, fn: Tensor) -> None:
-        self.qn, self.fn = qn, fn
-
-    def __call__(self, q_name: str, f_name: str) -> Tensor:
-        # (b, U, D) @ (D, n) -> (b, U, n)
-        if isinstance(self.qn, _QueryFields):
-            q = self.qn.slice(_Q[q_name])
-            if q is None:  # no unit has the field: the cosines of zero rows
-                b, u = self.qn.shape
-                return self.fn.new_zeros(b, u, self.fn.shape[0])
-        else:
-            q = self.qn[:, :, _Q[q_name]]
-        return torch.matmul(q, self.fn[:, _F[f_name]].T)
-
-
-def _semantic_variant(
-    qn: Tensor | _QueryFields, qm: Tensor, um: Tensor, fn: Tensor, w: BlendWeights
+def semantic_variant(
+    cos: Callable[[str, str], Tensor], qm: Tensor, um: Tensor, w: BlendWeights
 ) -> Tensor:
-    """(b, n): mean over units of the Semantic unit score."""
-    cos = _Pair(qn, fn)
+    """(b, n): mean over units of the Semantic unit score.
+
+    ``cos(query field, note field)``: the cosines ``(b, U, n)`` of every unit against every
+    note; ``qm`` (b, U, Q) / ``um`` (b, U): the query masks.
+    """
     has_concept = qm[:, :, _Q["concept"]].unsqueeze(-1)
     has_desc = qm[:, :, _Q["description"]].unsqueeze(-1)
     concept = torch.maximum(cos("concept", "content"), cos("concept", "aliases"))
@@ -309,23 +300,23 @@ def _semantic_variant(
     return unit.sum(dim=1) / torch.where(count > 0, count, torch.ones_like(count))
 
 
-def _situation_variant(
-    qn: Tensor | _QueryFields,
+def situation_variant(
+    cos: Callable[[str, str], Tensor],
+    has: Callable[[str], Tensor],
+    ntype: Tensor,
     qm: Tensor,
     um: Tensor,
-    fn: Tensor,
-    fm: Tensor,
-    ntype: Tensor,
     w: BlendWeights,
 ) -> Tensor:
-    """(b, n): sum (or mean) over units of the SpecificSituation / AbstractSituation score."""
-    cos = _Pair(qn, fn)
+    """(b, n): sum (or mean) over units of the SpecificSituation / AbstractSituation score.
+
+    ``cos`` as in :func:`semantic_variant`; ``has(note field)`` and ``ntype``: the notes'
+    field presence and ``NODE_*`` codes, shaped to broadcast against ``(b, U, n)`` (``(n,)``
+    for one memory, ``(b, 1, n)`` for candidate rows).
+    """
 
     def q(name: str) -> Tensor:  # (b, U, 1)
         return qm[:, :, _Q[name]].unsqueeze(-1)
-
-    def has(name: str) -> Tensor:  # (n,)
-        return fm[:, _F[name]]
 
     q_nar, q_ln, q_lc = q("narrative"), q("location_name"), q("location_coordinates")
     q_pn, q_pr = q("participant_name"), q("participant_role")
@@ -372,7 +363,7 @@ def _situation_variant(
 
     q_loc, q_part, q_env = q_ln, q_pn | q_pr, q_ea | q_et
     n_loc, n_part, n_event = has("location_name"), has("participant_name"), has("event_action")
-    zero = torch.zeros((), dtype=torch.float32, device=qn.device)
+    zero = torch.zeros((), dtype=torch.float32, device=qm.device)
 
     # SpecificSituation: max(0, every score that exists)
     specific = torch.where(q_nar, cos("narrative", "narrative"), zero).clamp_min(0.0)
@@ -410,12 +401,89 @@ def _situation_variant(
 
 
 class NoteSide(NamedTuple):
-    """The note side of :func:`embedding_scores`, computed once per snapshot
-    (:func:`note_side`; ``QueryEmbeddingBatch.score`` caches it in ``MemoryGraph.cache``)."""
+    """The note side of the structured similarity in the compact layout (docs/spec.md §3,
+    DECISION "compact note layout"): computed once per snapshot (:func:`note_side` /
+    :func:`note_side_compact`; ``QueryEmbeddingBatch.score`` caches it in ``MemoryGraph.cache``,
+    a ``MemoryBank``'s union holds every agent's, concatenated once).
 
-    field: Tensor  # (N, F, D) f32: normalized note fields, absent ones zeroed
+    Only the fields notes have are held: ``rows`` are distinct L2-normalized field vectors,
+    ``index`` points each (note, field) at one of them, or at the last row (all zeros) when the
+    note lacks the field. A kernel gathers, per note field it needs, the rows of the notes it
+    scores (``(n, D)``, never the ``(n, F, D)`` block) and matches them in the same matmul
+    shapes as a dense block would: the scores are bit for bit those of the dense layout.
+    """
+
+    rows: Tensor  # (P + 1, D) f32: normalized distinct field rows, then one zero row
+    index: Tensor  # (N, F) int64: row of each note field, P where absent
+    mask: Tensor  # (N, F) bool: the note has the field
     tag: Tensor  # (N, D) f32: normalized tag vectors, zero for notes without an embedding
     no_tag: Tensor  # (N,) bool: no tag vector (all zeros, or no embedding)
+    has_emb: Tensor  # (N,) bool: the note has an embedding (``tag_mask``)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.index.shape[0])
+
+    @property
+    def field(self) -> Tensor:
+        """The dense ``(N, F, D)`` normalized fields (absent ones zero): a fresh copy, for
+        inspection only — no kernel reads it."""
+        n, f = (int(x) for x in self.index.shape)
+        return self.rows.index_select(0, self.index.reshape(-1)).view(n, f, -1)
+
+    def to(self, device: torch.device | str) -> NoteSide:
+        """A copy on ``device`` (``self`` when already there)."""
+        dev = torch.device(device)
+        if self.rows.device == dev or (dev.index is None and self.rows.device.type == dev.type):
+            return self
+        return NoteSide(
+            self.rows.to(dev), self.index.to(dev), self.mask.to(dev), self.tag.to(dev),
+            self.no_tag.to(dev), self.has_emb.to(dev),
+        )  # fmt: skip
+
+    def nbytes(self) -> int:
+        """Bytes of its tensors."""
+        return sum(t.numel() * t.element_size() for t in self[:6])
+
+
+def note_side_compact(
+    tag_emb: Tensor,
+    tag_mask: Tensor,
+    field_rows: Tensor,
+    field_pos: Tensor,
+    *,
+    device: torch.device | str | None = None,
+) -> NoteSide:
+    """The note side of a compact layout (``MemoryGraph.field_rows`` / ``field_pos``):
+    ``field_rows`` normalized once, the tags normalized and masked.
+
+    Args:
+        tag_emb: shape (N, D), float. Tag vectors.
+        tag_mask: shape (N,), bool. The note has an embedding.
+        field_rows: shape (P, D), float. Field vectors, grouped by field (as
+            :func:`~soulmem_torch.embedding.fields.stack_compact_field_embeddings` makes them).
+        field_pos: shape (N, F), integer. Row of each (note, field), ``-1`` where absent.
+    """
+    device = tag_emb.device if device is None else torch.device(device)
+    p, d = int(field_rows.shape[0]), int(tag_emb.shape[-1])
+    if field_rows.dim() != 2 or (p and int(field_rows.shape[1]) != d):
+        raise ValidationError(
+            f"field_rows: expected shape (P, {d}) (the width of tag_emb), found "
+            f"{tuple(field_rows.shape)}"
+        )
+    rows = torch.zeros(p + 1, d, dtype=torch.float32, device=device)
+    if p:  # normalize_rows written straight into the table (no second copy)
+        x = field_rows.to(device, torch.float32)
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        torch.div(x, torch.where(norm > 0, norm, torch.ones_like(norm)), out=rows[:p])
+    index = field_pos.to(device, torch.int64)
+    mask = index >= 0
+    index = torch.where(mask, index, p)
+    has_emb = tag_mask.to(device)
+    tag = tag_emb.to(device, torch.float32)
+    tn = normalize_rows(tag) * has_emb.unsqueeze(-1)
+    no_tag = ~((tag != 0).any(dim=-1) & has_emb)
+    return NoteSide(rows, index, mask, tn, no_tag, has_emb)
 
 
 def note_side(
@@ -426,17 +494,114 @@ def note_side(
     *,
     device: torch.device | str | None = None,
 ) -> NoteSide:
-    """The normalized note tensors :func:`embedding_scores` matches queries against."""
+    """The note side of a dense ``(N, F, D)`` field block and its ``(N, F)`` mask (compacted:
+    only the present cells are normalized and kept)."""
+    from soulmem_torch.embedding.fields import dense_to_compact
+
     device = field_emb.device if device is None else torch.device(device)
-    fm = field_mask.to(device)
-    # normalize_rows returns a fresh tensor, so absent fields can be zeroed in place (whatever
-    # the input holds there)
-    fn = normalize_rows(field_emb.to(device)).masked_fill_(~fm.unsqueeze(-1), 0.0)
-    has_emb = tag_mask.to(device)
-    tag = tag_emb.to(device, torch.float32)
-    tn = normalize_rows(tag) * has_emb.unsqueeze(-1)
-    no_tag = ~((tag != 0).any(dim=-1) & has_emb)
-    return NoteSide(fn, tn, no_tag)
+    rows, index = dense_to_compact(field_emb.to(device), field_mask.to(device))
+    return note_side_compact(tag_emb, tag_mask, rows, index, device=device)
+
+
+def _check_note_side(notes: NoteSide, node_type: Tensor, d: int) -> int:
+    n = int(node_type.shape[0])
+    for name, t, shape in (
+        ("notes.index", notes.index, (n, len(FIELD_NAMES))),
+        ("notes.mask", notes.mask, (n, len(FIELD_NAMES))),
+        ("notes.tag", notes.tag, (n, d)),
+        ("notes.no_tag", notes.no_tag, (n,)),
+        ("notes.has_emb", notes.has_emb, (n,)),
+    ):
+        if tuple(t.shape) != shape:
+            raise ValidationError(
+                f"{name}: expected shape {shape} (N={n} notes of node_type, D={d}), found "
+                f"{tuple(t.shape)}"
+            )
+    if int(notes.rows.shape[-1]) != d:
+        raise ValidationError(
+            f"notes.rows: expected width D = {d} (that of the queries), found "
+            f"{int(notes.rows.shape[-1])}"
+        )
+    return n
+
+
+def _single_cos(qs: _QueryFields, notes: NoteSide, sel: Tensor) -> Callable[[str, str], Tensor]:
+    """``cos(query field, note field)`` of the queries ``qs`` against the notes ``sel`` of one
+    memory: the notes' rows of that field (the zero row where absent) gathered, one matmul —
+    the same products, in the same shapes, as against a dense block, so the same bits."""
+    b, u = qs.shape
+    n = int(sel.shape[0])
+    index = notes.index.index_select(0, sel)  # (n, F)
+
+    def cos(q_name: str, f_name: str) -> Tensor:
+        q = qs.slice(_Q[q_name])
+        if q is None:  # no unit has the field: the cosines of zero rows
+            return notes.rows.new_zeros(b, u, n)
+        rows = notes.rows.index_select(0, index[:, _F[f_name]])  # (n, D)
+        return torch.matmul(q, rows.T)
+
+    return cos
+
+
+def embedding_scores_compact(
+    query_tag: Tensor,
+    query_kind: Tensor,
+    query_field: Tensor,
+    query_field_mask: Tensor,
+    query_unit_mask: Tensor,
+    notes: NoteSide,
+    node_type: Tensor,
+    *,
+    weights: BlendWeights | None = None,
+) -> Tensor:
+    """:func:`embedding_scores` on the compact note side (:func:`note_side_compact`): shape
+    (B, N), float32, on the queries' device. What ``QueryEmbeddingBatch.score`` runs."""
+    w = weights if weights is not None else BlendWeights()
+    if query_field.dim() != 4 or query_field.shape[2] != len(QUERY_FIELD_NAMES):
+        raise ValidationError(
+            f"query_field: expected shape (B, U, {len(QUERY_FIELD_NAMES)}, D), found "
+            f"{tuple(query_field.shape)}"
+        )
+    b, u, _, d = (int(x) for x in query_field.shape)
+    for name, value, shape in (
+        ("query_tag", query_tag, (b, d)),
+        ("query_kind", query_kind, (b,)),
+        ("query_field_mask", query_field_mask, (b, u, len(QUERY_FIELD_NAMES))),
+        ("query_unit_mask", query_unit_mask, (b, u)),
+    ):
+        if tuple(value.shape) != shape:
+            raise ValidationError(f"{name}: expected shape {shape}, found {tuple(value.shape)}")
+    n = _check_note_side(notes, node_type, d)
+    device = query_field.device
+    notes = notes.to(device)
+    um = query_unit_mask
+    qm = query_field_mask & um.unsqueeze(-1)
+    ntype = node_type.to(device)
+    kind = query_kind.to(device)
+
+    variant = torch.zeros(b, n, dtype=torch.float32, device=device)
+    sem_q = (kind == QUERY_SEMANTIC).nonzero().squeeze(1)
+    sit_q = (kind == QUERY_SITUATION).nonzero().squeeze(1)
+    sem_n = (ntype == NODE_SEMANTIC).nonzero().squeeze(1)
+    sit_n = ((ntype == NODE_SPECIFIC) | (ntype == NODE_ABSTRACT)).nonzero().squeeze(1)
+    if sem_q.numel() and sem_n.numel():
+        qs = _QueryFields(query_field, sem_q, qm[sem_q])
+        variant[sem_q.unsqueeze(1), sem_n.unsqueeze(0)] = semantic_variant(
+            _single_cos(qs, notes, sem_n), qs.qm, um[sem_q], w
+        )
+    if sit_q.numel() and sit_n.numel():
+        qs = _QueryFields(query_field, sit_q, qm[sit_q])
+        fm = notes.mask.index_select(0, sit_n)
+        variant[sit_q.unsqueeze(1), sit_n.unsqueeze(0)] = situation_variant(
+            _single_cos(qs, notes, sit_n), lambda name: fm[:, _F[name]], ntype[sit_n],
+            qs.qm, um[sit_q], w,
+        )  # fmt: skip
+
+    tag_cos = normalize_rows(query_tag) @ notes.tag.T
+    q_zero = ~(query_tag != 0).any(dim=-1)
+    no_tag = q_zero.unsqueeze(1) | notes.no_tag.unsqueeze(0)
+    score = torch.where(no_tag, variant, w.tag * tag_cos + w.variant * variant)
+    return torch.where(notes.has_emb.unsqueeze(0), score, 0.0)
 
 
 def embedding_scores(
@@ -457,8 +622,10 @@ def embedding_scores(
     """The embedding score (tag blend of the variant score) of B queries vs N notes.
 
     See the module docstring for the arguments and the rules. ``notes``: the note side already
-    normalized (:func:`note_side` of the same ``tag_emb`` / ``tag_mask`` / ``field_emb`` /
-    ``field_mask``, on the queries' device); ``None`` → computed here.
+    built (:func:`note_side` of the same ``tag_emb`` / ``tag_mask`` / ``field_emb`` /
+    ``field_mask``, or :func:`note_side_compact` of the same notes' compact layout);
+    ``None`` → built here (the dense block compacted first). The kernel itself is
+    :func:`embedding_scores_compact`.
 
     Returns:
         shape (B, N), float32, on the inputs' device.
@@ -466,43 +633,18 @@ def embedding_scores(
     Raises:
         ValidationError: inconsistent shapes (naming the argument) or non-bool masks.
     """
-    w = weights if weights is not None else BlendWeights()
-    b, _, n, _ = _check_inputs(
+    _check_inputs(
         query_tag, query_kind, query_field, query_field_mask, query_unit_mask,
         tag_emb, tag_mask, field_emb, field_mask, node_type,
     )  # fmt: skip
     device = query_field.device
     if notes is None:
         notes = note_side(tag_emb, tag_mask, field_emb, field_mask, device=device)
-    fm = field_mask.to(device)
-    fn = notes.field
-    um = query_unit_mask
-    qm = query_field_mask & um.unsqueeze(-1)
-    ntype = node_type.to(device)
-    kind = query_kind.to(device)
-
-    variant = torch.zeros(b, n, dtype=torch.float32, device=device)
-    sem_q = (kind == QUERY_SEMANTIC).nonzero().squeeze(1)
-    sit_q = (kind == QUERY_SITUATION).nonzero().squeeze(1)
-    sem_n = (ntype == NODE_SEMANTIC).nonzero().squeeze(1)
-    sit_n = ((ntype == NODE_SPECIFIC) | (ntype == NODE_ABSTRACT)).nonzero().squeeze(1)
-    if sem_q.numel() and sem_n.numel():
-        qs = _QueryFields(query_field, sem_q, qm[sem_q])
-        variant[sem_q.unsqueeze(1), sem_n.unsqueeze(0)] = _semantic_variant(
-            qs, qs.qm, um[sem_q], fn[sem_n], w
-        )
-    if sit_q.numel() and sit_n.numel():
-        qs = _QueryFields(query_field, sit_q, qm[sit_q])
-        variant[sit_q.unsqueeze(1), sit_n.unsqueeze(0)] = _situation_variant(
-            qs, qs.qm, um[sit_q], fn[sit_n], fm[sit_n], ntype[sit_n], w
-        )
-
-    has_emb = tag_mask.to(device)
-    tag_cos = normalize_rows(query_tag) @ notes.tag.T
-    q_zero = ~(query_tag != 0).any(dim=-1)
-    no_tag = q_zero.unsqueeze(1) | notes.no_tag.unsqueeze(0)
-    score = torch.where(no_tag, variant, w.tag * tag_cos + w.variant * variant)
-    return torch.where(has_emb.unsqueeze(0), score, 0.0)
+    score = embedding_scores_compact(
+        query_tag, query_kind, query_field, query_field_mask, query_unit_mask,
+        notes, node_type, weights=weights,
+    )  # fmt: skip
+    return torch.where(tag_mask.to(device).unsqueeze(0), score, 0.0)
 
 
 def fuse_string_scores(emb_scores: Tensor, string_scores: Tensor, *, alpha: float = 0.6) -> Tensor:
@@ -555,3 +697,27 @@ def fused_similarity(
         return emb
     fused = fuse_string_scores(emb, string_scores, alpha=w.string_blend_alpha)
     return torch.where(tag_mask.to(emb.device).unsqueeze(0), fused, 0.0)
+
+
+def fused_similarity_compact(
+    query_tag: Tensor,
+    query_kind: Tensor,
+    query_field: Tensor,
+    query_field_mask: Tensor,
+    query_unit_mask: Tensor,
+    notes: NoteSide,
+    node_type: Tensor,
+    *,
+    string_scores: Tensor | None = None,
+    weights: BlendWeights | None = None,
+) -> Tensor:
+    """:func:`fused_similarity` on the compact note side (:func:`note_side_compact`)."""
+    w = weights if weights is not None else BlendWeights()
+    emb = embedding_scores_compact(
+        query_tag, query_kind, query_field, query_field_mask, query_unit_mask,
+        notes, node_type, weights=w,
+    )  # fmt: skip
+    if string_scores is None:
+        return emb
+    fused = fuse_string_scores(emb, string_scores, alpha=w.string_blend_alpha)
+    return torch.where(notes.has_emb.to(emb.device).unsqueeze(0), fused, 0.0)

@@ -433,6 +433,45 @@ class MemoryCluster:
                 self._touch()
             return edge
 
+    def share_vectors(
+        self,
+        version: int,
+        ids: Sequence[MemoryId],
+        tag_emb: torch.Tensor,
+        field_rows: torch.Tensor | None,
+        field_pos: torch.Tensor | None,
+    ) -> bool:
+        """Lets the notes' embeddings view a snapshot's tables (``MemoryGraph.from_cluster``
+        calls it): each note's tag becomes row ``i`` of ``tag_emb`` and each field its row of
+        ``field_rows`` (``field_pos``), so every vector is held once, by the snapshot's
+        compact layout, instead of once by the cluster and again by the snapshot.
+
+        The values are the same (the tables were stacked from these vectors), so nothing
+        changes for a reader and the version is not touched. Only float32 CPU vectors are
+        swapped; nothing is done when the cluster changed since ``version``.
+
+        Returns:
+            whether the vectors were swapped.
+        """
+        with self._lock:
+            if version != self.version:
+                return False
+            pos = field_pos.tolist() if field_pos is not None else None
+            for i, mid in enumerate(ids):
+                item = self._nodes.get(mid)
+                emb = None if item is None else item.embedding
+                if emb is None or not _plain_f32(emb.tag):
+                    continue
+                fields = dict(emb.fields)
+                if pos is not None:
+                    row = pos[i]
+                    for name, vec in emb.fields.items():
+                        j = FIELD_INDEX.get(name)
+                        if j is not None and row[j] >= 0 and _plain_f32(vec):
+                            fields[name] = field_rows[row[j]]  # type: ignore[index]
+                item.embedding = MemoryEmbedding(tag=tag_emb[i], fields=fields)
+            return True
+
     def set_embedding(self, id: MemoryId, embedding: MemoryEmbedding | None) -> None:
         """Replaces (or clears, with ``None``) the embedding of a note.
 
@@ -605,3 +644,8 @@ class MemoryCluster:
                         self._merge_link(source, link)
                     return True
         return False
+
+
+def _plain_f32(t: Any) -> bool:
+    """A float32 CPU tensor (what a snapshot's tables hold bit for bit)."""
+    return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu"

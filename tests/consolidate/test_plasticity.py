@@ -156,7 +156,7 @@ def test_bank_update_equals_each_agents_own_update():
     assert changes and {c.agent for c in changes} == {"a", "b"}
     # the union is patched, not rebuilt: the node caches are the same objects
     after = bank.union()
-    assert after is not before and after.field_emb is before.field_emb
+    assert after is not before and after.notes is before.notes
     assert node_cache is not None and after.cache.get("note_ids") is node_cache
     for ag in ("a", "b", "idle"):
         got = {

@@ -613,3 +613,77 @@ def test_values_behind_false_masks_are_ignored(device: torch.device) -> None:
     qf[~args[3]] = float("nan")  # ... and where the query unit has none
     args[7], args[2] = field_emb, qf
     torch.testing.assert_close(embedding_scores(*args), clean)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_compact_layout_scores_equal_the_dense_block_bit_for_bit(
+    seed: int, device: torch.device
+) -> None:
+    """The compact note side (distinct rows, shared rows stored once) gives exactly the
+    scores of the dense (N, F, D) block, for a batch and for each query alone; the graph's
+    dense ``field_emb`` view is the dense block."""
+    from soulmem_torch.embedding import stack_compact_field_embeddings
+    from soulmem_torch.functional.similarity import (
+        fused_similarity_compact,
+        note_side_compact,
+    )
+
+    rng = np.random.default_rng(seed)
+    embedder = FakeEmbedder(dim=8, zero=("",))
+    notes = [random_note(rng) for _ in range(30)]
+    queries = [random_query(rng) for _ in range(10)]
+    embeddings = embed_notes(notes, embedder)
+    embeddings[2] = None
+    dense = [t.to(device) for t in stack_field_embeddings(embeddings, embedder.dim)]
+    tag, tag_mask, rows, pos = stack_compact_field_embeddings(embeddings, embedder.dim)
+    assert rows.shape[0] <= int(dense[3].sum())  # shared rows are stored once
+    from soulmem_torch.embedding import compact_to_dense
+
+    field_emb, field_mask = compact_to_dense(rows, pos)
+    assert torch.equal(field_emb.to(device), dense[2]) and torch.equal(
+        field_mask.to(device), dense[3]
+    )
+    node_type = torch.tensor([NODE_CODE[n.kind] for n in notes], device=device)
+    notes_side = note_side_compact(tag, tag_mask, rows, pos, device=device)
+    batch = embed_queries(queries, embedder, device=device)
+    for sub in [list(range(len(queries)))] + [[i] for i in range(len(queries))]:
+        q = batch.select(sub)
+        want = fused_similarity(
+            q.tag, q.kind, q.field, q.field_mask, q.unit_mask, *dense, node_type, weights=W
+        )
+        got = fused_similarity_compact(
+            q.tag, q.kind, q.field, q.field_mask, q.unit_mask, notes_side, node_type, weights=W
+        )
+        assert torch.equal(got, want)
+
+
+def test_compact_cosines_equal_the_dense_layouts_matmuls(device: torch.device) -> None:
+    """Every (query field, note field) cosine the rules read, gathered from the compact rows,
+    equals bit for bit the matmul against the dense normalized block (the layout before)."""
+    from soulmem_torch.embedding import FIELD_NAMES, QUERY_FIELD_NAMES
+    from soulmem_torch.functional import similarity as fsim
+
+    rng = np.random.default_rng(3)
+    embedder = FakeEmbedder(dim=16)
+    notes = [random_note(rng) for _ in range(25)]
+    queries = [random_query(rng) for _ in range(6)]
+    tag, tag_mask, field_emb, field_mask = (
+        t.to(device) for t in stack_field_embeddings(embed_notes(notes, embedder), 16)
+    )
+    side = fsim.note_side(tag, tag_mask, field_emb, field_mask)
+    dense = fsim.normalize_rows(field_emb).masked_fill_(~field_mask.unsqueeze(-1), 0.0)
+    batch = embed_queries(queries, embedder, device=device)
+    qm = batch.field_mask & batch.unit_mask.unsqueeze(-1)
+    sel = torch.arange(0, 25, 2, device=device)
+    for rows in (torch.arange(6, device=device), torch.tensor([4], device=device)):
+        qs = fsim._QueryFields(batch.field, rows, qm[rows])
+        cos = fsim._single_cos(qs, side, sel)
+        for qi, q_name in enumerate(QUERY_FIELD_NAMES):
+            for j, f_name in enumerate(FIELD_NAMES):
+                q = qs.slice(qi)
+                want = (
+                    torch.zeros(len(rows), batch.num_units, len(sel), device=device)
+                    if q is None
+                    else torch.matmul(q, dense[sel][:, j].T)
+                )
+                assert torch.equal(cos(q_name, f_name), want), (q_name, f_name)
