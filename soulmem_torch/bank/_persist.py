@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from soulmem_torch.errors import StoreError, ValidationError
+from soulmem_torch.retrieve._gcpause import gc_paused
 from soulmem_torch.store._codec import CodecError, decode_embeddings, decode_graph, encode_graph
 from soulmem_torch.store._db import Database, NoteRow, agent_digest, graph_digest
 from soulmem_torch.store._store import (
@@ -289,6 +290,19 @@ def load_bank(
         raise ValidationError(
             f"on_embedder_mismatch: expected 'reembed' or 'refuse', found {on_embedder_mismatch!r}"
         )
+    with gc_paused():  # ~10 small acyclic objects a note, thousands of agents (see _gcpause)
+        return _load_bank(cls, path, embedder, device, on_damaged, on_embedder_mismatch, kwargs)
+
+
+def _load_bank(
+    cls: Any,
+    path: str | os.PathLike[str],
+    embedder: Any,
+    device: Any,
+    on_damaged: str,
+    on_embedder_mismatch: str,
+    kwargs: dict[str, Any],
+) -> Any:
     root = Path(path)
     db = bank_db(root)
     bank = cls(embedder=embedder, device=device, **kwargs)

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from soulmem_torch.embedding.fields import FIELD_INDEX, FIELD_NAMES, MemoryEmbedding
+from soulmem_torch.runtime.cluster import mark_finite
 
 __all__ = [
     "decode_embedding",
@@ -69,17 +70,22 @@ class CodecError(ValueError):
 
 def row_digest(*parts: str | bytes | int | None) -> bytes:
     """BLAKE2b-128 of the parts, each length-prefixed (``None`` and ``b""`` differ)."""
-    h = hashlib.blake2b(digest_size=16)
+    chunks: list[bytes] = []  # one hash call over the joined parts (a row is read per note)
     for part in parts:
         if part is None:
-            h.update(b"\xff" * 8)
+            chunks.append(_NONE)
             continue
         if isinstance(part, int):
             part = str(part)
         data = part.encode("utf-8") if isinstance(part, str) else bytes(part)
-        h.update(struct.pack("<Q", len(data)))
-        h.update(data)
-    return h.digest()
+        chunks.append(_LENGTH(len(data)))
+        chunks.append(data)
+    return _blake2b(b"".join(chunks), digest_size=16).digest()
+
+
+_NONE = b"\xff" * 8
+_LENGTH = struct.Struct("<Q").pack
+_blake2b = hashlib.blake2b
 
 
 def encode_embedding(emb: MemoryEmbedding) -> bytes:
@@ -193,13 +199,40 @@ def decode_embeddings(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | N
         if positions:
             flat[np.concatenate(positions)] = np.concatenate(values)
         native = flat.astype(flat.dtype.newbyteorder("="), copy=False)
-        matrix = torch.from_numpy(native).view(_DTYPES[code]).view(-1, dim)
+        dtype = _DTYPES[code]
+        floats = _NP_FLOATS.get(code)
+        if floats is not None:  # the buffer as its floats (views of it share one base)
+            root = torch.from_numpy(native.view(floats))
+        else:  # bfloat16: no numpy dtype
+            root = torch.from_numpy(native).view(dtype)
+        bad = _first_non_finite_row(root, dim)
+        if bad is not None:
+            k = int(np.searchsorted(starts, bad, side="right")) - 1
+            raise CodecError(f"blob {members[k]}: a stored value is NaN or infinite")
+        mark_finite(root._base if root._base is not None else root, dtype)
+        matrix = root.view(-1, dim)
         vectors = matrix.unbind(0)
         for k, i in enumerate(members):
             lo, hi = int(starts[k]), int(starts[k + 1])
             names = heads[i][2]  # type: ignore[index]
             out[i] = MemoryEmbedding(tag=vectors[lo], fields=dict(zip(names, vectors[lo + 1 : hi])))
     return out
+
+
+_NP_FLOATS = {1: np.float32, 2: np.float64, 3: np.float16}
+
+
+def _first_non_finite_row(flat: torch.Tensor, dim: int) -> int | None:
+    """The first row (of ``dim`` values) of a 1-D buffer that holds a NaN / inf, or ``None``
+    (one chunked pass; numpy where it has the dtype)."""
+    step = max(dim, (1 << 20) // dim * dim)
+    for lo in range(0, flat.numel(), step):
+        part = flat[lo : lo + step]
+        ok = part.numpy() if part.dtype != torch.bfloat16 else None
+        finite = np.isfinite(ok) if ok is not None else torch.isfinite(part).numpy()
+        if not finite.all():
+            return (lo + int(np.flatnonzero(~finite)[0])) // dim
+    return None
 
 
 _GRAPH_KEYS = (

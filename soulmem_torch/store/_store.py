@@ -21,7 +21,13 @@ from soulmem_torch.model._describe import describe_validation_error
 from soulmem_torch.model.ids import MemoryId
 from soulmem_torch.model.notes import MemoryNote
 from soulmem_torch.store import _legacy
-from soulmem_torch.store._codec import CodecError, decode_embeddings, encode_embedding
+from soulmem_torch.retrieve._gcpause import gc_paused
+from soulmem_torch.store._codec import (
+    CodecError,
+    decode_embeddings,
+    encode_embedding,
+    row_digest,
+)
 from soulmem_torch.store._db import Database, NoteRow, version_name
 from soulmem_torch.store._legacy import (
     DEFAULT_LOCK_TIMEOUT,
@@ -195,25 +201,50 @@ def decode_rows(
     Raises:
         StoreError: naming the note whose checksum, JSON or embedding is bad.
     """
-    notes: list[MemoryNote] = []
-    readable: dict[MemoryId, str] = {}
+    with gc_paused():  # tens of thousands of small acyclic objects (see _gcpause)
+        return _decode_rows(where, agent, rows, hint=hint, embeddings=embeddings)
+
+
+_NOTE_LIST = pydantic.TypeAdapter(list[MemoryNote])
+
+
+def _decode_rows(
+    where: str,
+    agent: str,
+    rows: Sequence[Sequence[Any]],
+    *,
+    hint: str,
+    embeddings: Sequence[MemoryEmbedding | None] | None,
+) -> tuple[list[MemoryNote], list[MemoryEmbedding | None], dict[MemoryId, str]]:
     who = f"agent {agent!r}, " if agent else ""
     for id_, pos, text, rid, emb, sha in rows:
-        row = NoteRow(id_, pos, text, rid, emb)
-        if sha != row.digest(agent):
+        if sha != row_digest(agent, id_, pos, text, rid, emb):
             raise StoreError(
                 f"{where}: {who}note {id_}: checksum mismatch — the row is corrupted and was "
                 f"not loaded; {hint}"
             )
-        try:
-            note = MemoryNote.from_json(text)
-        except pydantic.ValidationError as exc:
-            raise StoreError(
-                f"{where}: {who}note {id_}: not a valid note ({describe_validation_error(exc)})"
-            ) from None
+    texts = [r[2] for r in rows]
+    notes: list[MemoryNote] = []
+    try:  # every note in one pass of pydantic-core (the rows' texts joined into one array)
+        notes = _NOTE_LIST.validate_json("[" + ",".join(texts) + "]") if texts else []
+    except (pydantic.ValidationError, TypeError):
+        notes = []
+    if len(notes) != len(rows):  # a bad row: parse them one by one to name it
+        notes = []
+        for (id_, *_rest), text in zip(rows, texts):
+            try:
+                notes.append(MemoryNote.from_json(text))
+            except pydantic.ValidationError as exc:
+                raise StoreError(
+                    f"{where}: {who}note {id_}: not a valid note "
+                    f"({describe_validation_error(exc)})"
+                ) from None
+        if len(notes) != len(rows):  # pragma: no cover - each text parsed on its own
+            raise StoreError(f"{where}: {who}the note rows do not parse one note each")
+    readable: dict[MemoryId, str] = {}
+    for (id_, _pos, _text, rid, *_rest), note in zip(rows, notes):
         if str(note.id) != id_:
             raise StoreError(f"{where}: {who}note {id_}: the row holds note {note.id}")
-        notes.append(note)
         if rid is not None:
             readable[note.id] = rid
     if embeddings is not None:
