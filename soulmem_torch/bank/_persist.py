@@ -34,6 +34,7 @@ from soulmem_torch.store._store import (
     check_utf8,
     decode_rows,
     note_rows,
+    parse_notes,
     version_info,
 )
 
@@ -378,6 +379,10 @@ def _build_agents(
             pre.setdefault(r[0], []).append(e)
     except CodecError:
         pre = {}
+    parsed = parse_notes([r[3] for r in rows])  # every note of the bank in one pass, too
+    pre_notes: dict[str, list[Any]] = {}
+    for r, n in zip(rows, parsed or ()):
+        pre_notes.setdefault(r[0], []).append(n)
     payloads = {a: (p, s) for a, p, s in graphs}
     given: EmbedderIdentity | None = None
     verdicts: dict[str, str | None] = {}  # info JSON → mismatch reason (None: same)
@@ -409,6 +414,7 @@ def _build_agents(
             notes, embeddings, readable = decode_rows(
                 where, agent_id, agent_rows, hint="the other agents are served",
                 embeddings=pre.get(agent_id, []) if agent_id in pre or not agent_rows else None,
+                notes=pre_notes.get(agent_id, []) if parsed is not None else None,
             )  # fmt: skip
             if info not in verdicts:
                 meta = json.loads(info)

@@ -42,9 +42,11 @@ class _UuidNewtype(uuid.UUID):
         """``cls(text)`` without the generic constructor's overhead (the same parsing as
         ``uuid.UUID(hex)``: braces, hyphens and a URN prefix optional). Notes are parsed in
         bulk on every load, so this is on the load's hot path."""
-        hex_ = text.replace("urn:", "").replace("uuid:", "").strip("{}").replace("-", "")
+        hex_ = text.replace("-", "") if len(text) == 36 else ""  # the canonical form
         if len(hex_) != 32:
-            raise ValueError("badly formed hexadecimal UUID string")
+            hex_ = text.replace("urn:", "").replace("uuid:", "").strip("{}").replace("-", "")
+            if len(hex_) != 32:
+                raise ValueError("badly formed hexadecimal UUID string")
         value = int(hex_, 16)
         self = _new(cls)
         _set(self, "int", value)

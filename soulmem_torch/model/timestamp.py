@@ -156,6 +156,19 @@ class Timestamp(datetime):
 
 def parse_rfc3339(text: str) -> Timestamp:
     """Parses an RFC 3339 timestamp with up to 9 fraction digits (more are truncated)."""
+    global _LAST
+    last_text, last = _LAST  # a note's two times (a record's too) are often the same text
+    if type(text) is str and text == last_text:
+        return last
+    out = _parse_rfc3339(text)
+    _LAST = (text, out)
+    return out
+
+
+_LAST: tuple[str, Timestamp | None] = ("", None)
+
+
+def _parse_rfc3339(text: str) -> Timestamp:
     if not isinstance(text, str):
         raise ValueError(f"expected an RFC 3339 string, found {type(text).__name__}")
     m = _RFC3339.match(text.strip())

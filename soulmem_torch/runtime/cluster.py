@@ -181,53 +181,54 @@ def first_non_finite(vectors: Sequence[torch.Tensor]) -> int | None:
     bulk: views of one tensor (what a store's decoder and the embedders hand out) by one pass
     over their storage (remembered, see :func:`mark_finite`), the others stacked in chunks; the
     vectors of a failing group are then checked one by one to name the first offender."""
-    with torch.no_grad():
-        groups: dict[tuple[int, torch.dtype], list[int]] = {}
-        bases: dict[tuple[int, torch.dtype], torch.Tensor] = {}
-        loose: list[int] = []
-        for k, v in enumerate(vectors):
-            base = v._base
-            if base is None:
-                loose.append(k)
-                continue
-            key = (id(base), v.dtype)
-            members = groups.get(key)
-            if members is None:
-                groups[key] = members = []
-                bases[key] = base
-            members.append(k)
-        suspects: list[int] = []
-        for key, members in groups.items():
-            dtype = key[1]
-            base = bases[key]
-            if _is_verified(base, dtype):
-                continue
-            storage = base.untyped_storage()
-            size = torch.empty((), dtype=dtype).element_size()
-            width = int(vectors[members[0]].shape[0])
-            count = storage.nbytes() // size
-            if count > 4 * width * len(members) + _CHUNK:  # a few views of a big tensor
-                loose.extend(members)
-                continue
-            flat = torch.empty(0, dtype=dtype, device=base.device)
-            flat.set_(storage, 0, (count,), (1,))
-            if _finite(flat):
-                mark_finite(base, dtype)
-            else:
-                suspects.extend(members)
+    groups: dict[tuple[int, torch.dtype], list[int]] = {}
+    bases: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+    loose: list[int] = []
+    for k, v in enumerate(vectors):
+        base = v._base
+        if base is None:
+            loose.append(k)
+            continue
+        key = (id(base), v.dtype)
+        members = groups.get(key)
+        if members is None:
+            groups[key] = members = []
+            bases[key] = base
+        members.append(k)
+    suspects: list[int] = []
+    for key, members in groups.items():
+        dtype = key[1]
+        base = bases[key]
+        if _is_verified(base, dtype):
+            continue
+        storage = base.untyped_storage()
+        size = torch.empty((), dtype=dtype).element_size()
+        width = int(vectors[members[0]].shape[0])
+        count = storage.nbytes() // size
+        if count > 4 * width * len(members) + _CHUNK:  # a few views of a big tensor
+            loose.extend(members)
+            continue
+        flat = torch.empty(0, dtype=dtype, device=base.device)
+        flat.set_(storage, 0, (count,), (1,))
+        if _finite(flat.detach()):
+            mark_finite(base, dtype)
+        else:
+            suspects.extend(members)
+    if loose:
         by_kind: dict[tuple[torch.dtype, torch.device, int], list[int]] = {}
         for k in loose:
             v = vectors[k]
             by_kind.setdefault((v.dtype, v.device, int(v.shape[0])), []).append(k)
-        for members in by_kind.values():
-            for i in range(0, len(members), 4096):
-                part = members[i : i + 4096]
-                stacked = torch.stack([vectors[k].detach() for k in part]).reshape(-1)
-                if not _finite(stacked):
-                    suspects.extend(part)
-        for k in sorted(suspects):
-            if not bool(torch.isfinite(vectors[k]).all()):
-                return k
+        with torch.no_grad():
+            for members in by_kind.values():
+                for i in range(0, len(members), 4096):
+                    part = members[i : i + 4096]
+                    stacked = torch.stack([vectors[k].detach() for k in part]).reshape(-1)
+                    if not _finite(stacked):
+                        suspects.extend(part)
+    for k in sorted(suspects):
+        if not bool(torch.isfinite(vectors[k].detach()).all()):
+            return k
     return None
 
 

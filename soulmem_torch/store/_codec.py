@@ -42,6 +42,7 @@ __all__ = [
     "decode_graph",
     "encode_embedding",
     "encode_graph",
+    "note_digest",
     "row_digest",
 ]
 
@@ -86,6 +87,29 @@ def row_digest(*parts: str | bytes | int | None) -> bytes:
 _NONE = b"\xff" * 8
 _LENGTH = struct.Struct("<Q").pack
 _blake2b = hashlib.blake2b
+
+
+def note_digest(
+    agent: str, id_: str, pos: int, note: str, rid: str | None, emb: bytes | None
+) -> bytes:
+    """``row_digest(agent, id_, pos, note, rid, emb)`` of a note row (the same bytes), unrolled
+    for the load path (one call per stored note)."""
+    if not (type(agent) is type(id_) is type(note) is str and type(pos) is int) or not (
+        rid is None or type(rid) is str
+    ) or not (emb is None or type(emb) is bytes):  # fmt: skip
+        return row_digest(agent, id_, pos, note, rid, emb)
+    a, i, p, t = agent.encode(), id_.encode(), str(pos).encode(), note.encode()
+    parts = [_LENGTH(len(a)), a, _LENGTH(len(i)), i, _LENGTH(len(p)), p, _LENGTH(len(t)), t]
+    if rid is None:
+        parts.append(_NONE)
+    else:
+        r = rid.encode()
+        parts += (_LENGTH(len(r)), r)
+    if emb is None:
+        parts.append(_NONE)
+    else:
+        parts += (_LENGTH(len(emb)), emb)
+    return _blake2b(b"".join(parts), digest_size=16).digest()
 
 
 def encode_embedding(emb: MemoryEmbedding) -> bytes:

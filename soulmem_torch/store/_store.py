@@ -26,7 +26,7 @@ from soulmem_torch.store._codec import (
     CodecError,
     decode_embeddings,
     encode_embedding,
-    row_digest,
+    note_digest,
 )
 from soulmem_torch.store._db import Database, NoteRow, version_name
 from soulmem_torch.store._legacy import (
@@ -194,61 +194,44 @@ def decode_rows(
     *,
     hint: str,
     embeddings: Sequence[MemoryEmbedding | None] | None = None,
+    notes: Sequence[MemoryNote] | None = None,
 ) -> tuple[list[MemoryNote], list[MemoryEmbedding | None], dict[MemoryId, str]]:
     """Verifies and parses note rows ``(id, pos, note, rid, emb, sha)`` (``embeddings``: the
-    rows' blobs already decoded, e.g. a whole bank's at once).
+    rows' blobs already decoded, ``notes``: their texts already parsed by :func:`parse_notes`
+    — e.g. a whole bank's at once; the checksums and ids are verified here either way).
 
     Raises:
         StoreError: naming the note whose checksum, JSON or embedding is bad.
     """
-    with gc_paused():  # tens of thousands of small acyclic objects (see _gcpause)
-        return _decode_rows(where, agent, rows, hint=hint, embeddings=embeddings)
-
-
-_NOTE_LIST = pydantic.TypeAdapter(list[MemoryNote])
-
-
-def _decode_rows(
-    where: str,
-    agent: str,
-    rows: Sequence[Sequence[Any]],
-    *,
-    hint: str,
-    embeddings: Sequence[MemoryEmbedding | None] | None,
-) -> tuple[list[MemoryNote], list[MemoryEmbedding | None], dict[MemoryId, str]]:
     who = f"agent {agent!r}, " if agent else ""
     for id_, pos, text, rid, emb, sha in rows:
-        if sha != row_digest(agent, id_, pos, text, rid, emb):
+        if sha != note_digest(agent, id_, pos, text, rid, emb):
             raise StoreError(
                 f"{where}: {who}note {id_}: checksum mismatch — the row is corrupted and was "
                 f"not loaded; {hint}"
             )
     texts = [r[2] for r in rows]
-    notes: list[MemoryNote] = []
-    try:  # every note in one pass of pydantic-core (the rows' texts joined into one array)
-        notes = _NOTE_LIST.validate_json("[" + ",".join(texts) + "]") if texts else []
-    except (pydantic.ValidationError, TypeError):
-        notes = []
-    if len(notes) != len(rows):  # a bad row: parse them one by one to name it
-        notes = []
+    parsed = list(notes) if notes is not None else parse_notes(texts)
+    if parsed is None or len(parsed) != len(rows):  # a bad row: one by one, to name it
+        parsed = []
         for (id_, *_rest), text in zip(rows, texts):
             try:
-                notes.append(MemoryNote.from_json(text))
+                parsed.append(MemoryNote.from_json(text))
             except pydantic.ValidationError as exc:
                 raise StoreError(
                     f"{where}: {who}note {id_}: not a valid note "
                     f"({describe_validation_error(exc)})"
                 ) from None
-        if len(notes) != len(rows):  # pragma: no cover - each text parsed on its own
+        if len(parsed) != len(rows):  # pragma: no cover - each text parsed on its own
             raise StoreError(f"{where}: {who}the note rows do not parse one note each")
     readable: dict[MemoryId, str] = {}
-    for (id_, _pos, _text, rid, *_rest), note in zip(rows, notes):
+    for (id_, _pos, _text, rid, *_rest), note in zip(rows, parsed):
         if str(note.id) != id_:
             raise StoreError(f"{where}: {who}note {id_}: the row holds note {note.id}")
         if rid is not None:
             readable[note.id] = rid
     if embeddings is not None:
-        return notes, list(embeddings), readable
+        return parsed, list(embeddings), readable
     blobs = [r[4] for r in rows]
     try:
         embeddings = decode_embeddings(blobs)
@@ -261,7 +244,24 @@ def _decode_rows(
                     f"{where}: {who}note {id_}: {str(exc).removeprefix('blob 0: ')}"
                 ) from None
         raise
-    return notes, embeddings, readable
+    return parsed, embeddings, readable
+
+
+_NOTE_LIST = pydantic.TypeAdapter(list[MemoryNote])
+
+
+def parse_notes(texts: Sequence[str]) -> list[MemoryNote] | None:
+    """The notes of many serde JSON texts in one pass of pydantic-core (the texts joined into
+    one JSON array; the same validation as ``MemoryNote.from_json`` of each), or ``None`` when
+    any text is not exactly one valid note (the caller then parses them one by one to name
+    it)."""
+    if not texts:
+        return []
+    try:
+        notes = _NOTE_LIST.validate_json("[" + ",".join(texts) + "]")
+    except (pydantic.ValidationError, TypeError):
+        return None
+    return notes if len(notes) == len(texts) else None
 
 
 def counts_of(
@@ -777,11 +777,12 @@ class MemoryStore:
                 or the database that is damaged; a legacy store's errors as before.
         """
         if self.db.exists():
-            with self.db.read() as conn:
-                latest = self.db.latest(conn)
-                rows = self.db.state_rows(conn, _AGENT) if latest is not None else None
-            if latest is not None and rows is not None:
-                return self._contents(latest, rows)
+            with gc_paused():  # ~10 small acyclic objects a note (see _gcpause)
+                with self.db.read() as conn:
+                    latest = self.db.latest(conn)
+                    rows = self.db.state_rows(conn, _AGENT) if latest is not None else None
+                if latest is not None and rows is not None:
+                    return self._contents(latest, rows)
         if self._legacy.exists():
             return self._legacy.load()
         raise StoreError(
