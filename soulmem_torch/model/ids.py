@@ -17,6 +17,8 @@ __all__ = ["LinkId", "MemoryId"]
 _new = object.__new__
 _set = object.__setattr__
 _UNKNOWN = uuid.SafeUUID.unknown
+_SEEN_MAX = 1 << 18  # ids kept by the parser of each id type (immutable: shared safely)
+_SEEN: dict[type, dict[str, Any]] = {}
 
 
 class _UuidNewtype(uuid.UUID):
@@ -82,8 +84,21 @@ class _UuidNewtype(uuid.UUID):
         cls, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
         from_text = cls._from_text
+        seen = _SEEN.setdefault(cls, {})  # ids repeat (a link's "from", a record's note)
 
         def parse(value: Any) -> Any:
+            if type(value) is str:
+                out = seen.get(value)
+                if out is not None:
+                    return out
+                try:
+                    out = from_text(value)
+                except ValueError:
+                    raise ValueError(f"expected a UUID string, found {value!r}") from None
+                if len(seen) >= _SEEN_MAX:
+                    seen.clear()
+                seen[value] = out
+                return out
             if isinstance(value, str):
                 try:
                     return from_text(value)

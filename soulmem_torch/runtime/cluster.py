@@ -184,13 +184,20 @@ def first_non_finite(vectors: Sequence[torch.Tensor]) -> int | None:
     groups: dict[tuple[int, torch.dtype], list[int]] = {}
     bases: dict[tuple[int, torch.dtype], torch.Tensor] = {}
     loose: list[int] = []
+    last_base: Any = None
+    last_dtype: Any = None
+    members: list[int] = []
     for k, v in enumerate(vectors):
         base = v._base
+        if base is last_base and base is not None and v.dtype is last_dtype:
+            members.append(k)  # the common case: the next view of the same buffer
+            continue
         if base is None:
             loose.append(k)
             continue
-        key = (id(base), v.dtype)
-        members = groups.get(key)
+        last_base, last_dtype = base, v.dtype
+        key = (id(base), last_dtype)
+        members = groups.get(key)  # type: ignore[assignment]
         if members is None:
             groups[key] = members = []
             bases[key] = base

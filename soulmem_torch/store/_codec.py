@@ -177,6 +177,11 @@ def _header(blob: bytes) -> tuple[int, int, list[str], int, int]:
     return code, dim, names, layout, count
 
 
+_HEAD = np.dtype([("magic", "S2"), ("version", "u1"), ("code", "u1"), ("dim", "<u4"),
+                  ("mask", "<u8"), ("layout", "u1"), ("count", "<u4")])  # fmt: skip
+_WIDTH = np.array([0, 2, 4], dtype=np.int64)  # index bytes per stored value, by layout
+
+
 def decode_embeddings(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None]:
     """Decodes many blobs at once: one zero-filled buffer per (dtype, width), the stored
     values scattered into it in one vectorized step, and each note's vectors views into it.
@@ -184,6 +189,108 @@ def decode_embeddings(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | N
     Raises:
         CodecError: naming the position (in ``blobs``) of a blob that does not decode.
     """
+    out = _decode_bulk(blobs)
+    return out if out is not None else _decode_each(blobs)
+
+
+def _decode_bulk(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None] | None:
+    """The common case in whole-array steps: every blob of one dtype and width, headers
+    parsed and checked together. ``None`` when anything is unusual (several dtypes or widths,
+    any bad blob): :func:`_decode_each` then decodes them (and names a bad one)."""
+    present = [i for i, b in enumerate(blobs) if b is not None]
+    out: list[MemoryEmbedding | None] = [None] * len(blobs)
+    if not present:
+        return out
+    parts = [blobs[i] for i in present]
+    n = len(parts)
+    if not all(type(b) is bytes for b in parts):
+        return None
+    lengths = np.fromiter(map(len, parts), dtype=np.int64, count=n)
+    if int(lengths.min()) < _EMB_HEADER.size:
+        return None
+    heads = np.frombuffer(b"".join(b[: _EMB_HEADER.size] for b in parts), dtype=_HEAD)
+    code, dim = int(heads["code"][0]), int(heads["dim"][0])
+    floats = _NP_FLOATS.get(code)
+    if floats is None:  # bfloat16 (no numpy dtype): decoded blob by blob
+        return None
+    value_type = np.dtype(floats).newbyteorder("<")
+    layout = heads["layout"]
+    mask = heads["mask"]
+    if (
+        code not in _DTYPES
+        or dim < 1
+        or (heads["magic"] != _EMB_MAGIC).any()
+        or (heads["version"] != 2).any()
+        or (heads["code"] != code).any()
+        or (heads["dim"] != dim).any()
+        or (layout > _SPARSE32).any()
+        or (mask >> np.uint64(len(FIELD_NAMES))).any()
+    ):
+        return None
+    count = heads["count"].astype(np.int64)
+    rows = 1 + np.bitwise_count(mask).astype(np.int64)
+    size = rows * dim
+    itemsize = _ITEMSIZE[code]
+    width = _WIDTH[layout]
+    if (
+        (_EMB_HEADER.size + count * (width + itemsize) != lengths).any()
+        or ((layout == _DENSE) & (count != size)).any()
+        or (count > size).any()
+    ):
+        return None
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(rows, out=starts[1:])
+    bits_type = np.dtype(_NP_BITS[itemsize]).newbyteorder("<")
+    flat = np.zeros(int(starts[-1]) * dim, dtype=bits_type)
+    for kind, index_type in ((_DENSE, None), (_SPARSE16, "<u2"), (_SPARSE32, "<u4")):
+        chosen = np.flatnonzero(layout == kind)
+        if not chosen.size:
+            continue
+        sel = chosen.tolist()
+        cnt = count[chosen]
+        total = int(cnt.sum())
+        if not total:
+            continue
+        head = _EMB_HEADER.size
+        widths = int(_WIDTH[kind])
+        values = np.frombuffer(
+            b"".join(parts[k][head + c * widths :] for k, c in zip(sel, cnt.tolist())),
+            dtype=bits_type,
+        )
+        if not np.isfinite(values.view(value_type)).all():  # only the stored values: the
+            return None  # zeros around them are finite; _decode_each names the blob
+        first = np.zeros(len(sel), dtype=np.int64)
+        np.cumsum(cnt[:-1], out=first[1:])
+        owner = np.repeat(np.arange(len(sel)), cnt)
+        if index_type is None:
+            local = np.arange(total, dtype=np.int64) - first[owner]
+        else:
+            local = np.frombuffer(
+                b"".join(parts[k][head : head + c * widths] for k, c in zip(sel, cnt.tolist())),
+                dtype=index_type,
+            ).astype(np.int64)
+            if (local >= size[chosen][owner]).any():
+                return None
+        flat[local + (starts[chosen] * dim)[owner]] = values
+    native = flat.astype(flat.dtype.newbyteorder("="), copy=False)
+    dtype = _DTYPES[code]
+    root = torch.from_numpy(native.view(floats))
+    mark_finite(root, dtype)  # every stored value was checked above
+    vectors = root.view(-1, dim).unbind(0)
+    names_of = _MASK_NAMES
+    lows = starts.tolist()
+    for k, (i, m) in enumerate(zip(present, mask.tolist())):
+        names = names_of.get(m)
+        if names is None:
+            names = names_of[m] = [f for f in FIELD_NAMES if m >> FIELD_INDEX[f] & 1]
+        lo = lows[k]
+        out[i] = MemoryEmbedding(
+            tag=vectors[lo], fields=dict(zip(names, vectors[lo + 1 : lows[k + 1]]))
+        )
+    return out
+
+
+def _decode_each(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None]:
     heads: list[tuple[int, int, list[str], int, int] | None] = []
     for i, blob in enumerate(blobs):
         if blob is None:
