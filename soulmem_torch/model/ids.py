@@ -17,7 +17,7 @@ __all__ = ["LinkId", "MemoryId"]
 _new = object.__new__
 _set = object.__setattr__
 _UNKNOWN = uuid.SafeUUID.unknown
-_SEEN_MAX = 1 << 18  # ids kept by the parser of each id type (immutable: shared safely)
+_SEEN_MAX = 1 << 16  # ids kept by the parser of each id type (immutable: shared safely)
 _SEEN: dict[type, dict[str, Any]] = {}
 
 

@@ -20,8 +20,8 @@ from soulmem_torch.errors import StoreError, ValidationError
 from soulmem_torch.model._describe import describe_validation_error
 from soulmem_torch.model.ids import MemoryId
 from soulmem_torch.model.notes import MemoryNote
-from soulmem_torch.store import _legacy
 from soulmem_torch.retrieve._gcpause import gc_paused
+from soulmem_torch.store import _legacy
 from soulmem_torch.store._codec import (
     CodecError,
     decode_embeddings,
@@ -219,8 +219,7 @@ def decode_rows(
                 parsed.append(MemoryNote.from_json(text))
             except pydantic.ValidationError as exc:
                 raise StoreError(
-                    f"{where}: {who}note {id_}: not a valid note "
-                    f"({describe_validation_error(exc)})"
+                    f"{where}: {who}note {id_}: not a valid note ({describe_validation_error(exc)})"
                 ) from None
         if len(parsed) != len(rows):  # pragma: no cover - each text parsed on its own
             raise StoreError(f"{where}: {who}the note rows do not parse one note each")
