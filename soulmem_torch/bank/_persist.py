@@ -368,7 +368,6 @@ def _build_agents(
         describe_mismatch,
         embedder_identity,
     )
-    from soulmem_torch.graph import MemoryGraph
     from soulmem_torch.model import MemoryId
 
     by_agent = {a: list(g) for a, g in groupby(rows, key=lambda r: r[0])}
@@ -396,6 +395,8 @@ def _build_agents(
                 if payload is None or psha != graph_digest(agent_id, payload):
                     raise StoreError(f"{where}: agent {agent_id!r}: graph blob missing or "
                                      "checksum mismatch")  # fmt: skip
+                from soulmem_torch.graph import MemoryGraph  # PyG: only for tensor agents
+
                 try:
                     ids, tensors = decode_graph(payload)
                     graph = MemoryGraph.from_tensors(
