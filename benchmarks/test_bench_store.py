@@ -11,7 +11,12 @@ Side by side in one run, the offline ``HashingEmbedder`` (1,024 wide), 1 torch t
   path at 100,000 takes minutes; its cost is linear in N, the issue measured 11.3 s at 20,000);
 * ``load``: ``SoulMem.load`` of the 100,000-note store (rows verified, notes parsed, vectors
   decoded, the cluster built); bytes per note on disk;
-* ``bank_load``: ``MemoryBank.load`` of a 10,000-agent bank (3 notes each) from its one file.
+* ``bank_load``: ``MemoryBank.load`` of a 10,000-agent bank from its one file, 3 notes an
+  agent (the issue's bank: ~1–2 notes an agent) and 10 (``SOULMEM_BENCH_BANK_NOTES``, a comma
+  list, default ``3,10``).
+
+Before / after a change, load the same files with both checkouts in alternating processes
+(what ``benchmarks/RESULTS.md`` reports): the benchmark here times the checkout it runs in.
 
 Notes: Semantic notes with an alias, a description, two tags and one link to the previous note.
 """
@@ -34,7 +39,8 @@ from soulmem_torch.store.db import file_size
 
 N_BIG = int(os.environ.get("SOULMEM_BENCH_STORE_N", "100000"))
 N_SMALL = 10_000
-AGENTS = 10_000
+AGENTS = int(os.environ.get("SOULMEM_BENCH_AGENTS", "10000"))
+BANK_NOTES = [int(x) for x in os.environ.get("SOULMEM_BENCH_BANK_NOTES", "3,10").split(",")]
 
 
 def _notes(n: int, start: int = 0) -> list[MemoryNote]:
@@ -123,18 +129,19 @@ def test_load_and_bytes_per_note(benchmark, stores: dict) -> None:
     assert mem.reembedded is None
 
 
-def test_bank_of_10000_agents_loads(benchmark, tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_agent", BANK_NOTES)
+def test_bank_of_10000_agents_loads(benchmark, tmp_path: Path, per_agent: int) -> None:
     emb = HashingEmbedder()
     bank = MemoryBank(embedder=emb)
-    notes = _notes(3 * AGENTS)
+    notes = _notes(per_agent * AGENTS)
     embeddings = embed_notes(notes, emb)
     t0 = time.perf_counter()
     for a in range(AGENTS):
-        bank.add_agent(
-            f"npc-{a}", notes[3 * a : 3 * a + 3], embeddings=embeddings[3 * a : 3 * a + 3]
-        )
+        part = slice(per_agent * a, per_agent * (a + 1))
+        bank.add_agent(f"npc-{a}", notes[part], embeddings=embeddings[part])
     bank.save(tmp_path)
     build = time.perf_counter() - t0
+    del bank, notes, embeddings
     back = benchmark.pedantic(lambda: MemoryBank.load(tmp_path, embedder=emb), rounds=2,
                               iterations=1)  # fmt: skip
     assert len(back) == AGENTS and not back.damaged
@@ -142,6 +149,6 @@ def test_bank_of_10000_agents_loads(benchmark, tmp_path: Path) -> None:
     for a in range(20):
         back.write_notes(tmp_path, f"npc-{a}", _notes(1, start=10**8 + a))
     write = (time.perf_counter() - t0) / 20
-    _row(f"bank_load agents={AGENTS}", benchmark.stats.stats.median,
+    _row(f"bank_load agents={AGENTS} notes/agent={per_agent}", benchmark.stats.stats.median,
          build_and_save_s=round(build, 1), one_write_ms=round(write * 1e3, 1),
          bytes=file_size(tmp_path / "bank.sqlite3"))  # fmt: skip

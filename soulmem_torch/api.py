@@ -350,30 +350,37 @@ class SoulMem:
         """
         from soulmem_torch.store import MemoryStore, embeddings_for_embedder
 
-        contents = MemoryStore(path).load()
-        mem = cls(**kwargs)
-        embeddings, mem.reembedded = embeddings_for_embedder(
-            contents,
-            mem.embedder,
-            on_mismatch=on_embedder_mismatch,
-            progress=progress,
-            where=str(path),
-        )
-        mem.working_memory.add_nodes(contents.notes, embeddings)
-        if contents.records is not None:
-            from soulmem_torch.runtime.records import records_from_json
-
-            records, pending = records_from_json(contents.records, where=f"{path}: records")
+        with gc_paused():  # a load builds ~10 small acyclic objects a note (see _gcpause)
+            contents = MemoryStore(path).load()
+            mem = cls(**kwargs)
+            embeddings, mem.reembedded = embeddings_for_embedder(
+                contents,
+                mem.embedder,
+                on_mismatch=on_embedder_mismatch,
+                progress=progress,
+                where=str(path),
+            )
             wm = mem.working_memory
-            wm.records.update((r.memory_id, r) for r in records)
-            if pending:
-                wm.retrieval_revision = wm.plasticity_revision + 1
-            summary = contents.records.get("window_summary")
-            if isinstance(summary, str) and summary:
-                wm.sliding_window.set_summary(summary)
-        mem.readable_ids.update(contents.readable_ids or {})
-        mem._origin = (Path(path).resolve(), contents.version)
-        return mem
+            if contents.records is not None:
+                from soulmem_torch.runtime.records import Record, records_from_json
+
+                records, pending = records_from_json(contents.records, where=f"{path}: records")
+                # the records in the order adding the notes and then the stored records gives
+                # (each note's stored record, or a fresh one; then the other stored ones)
+                stored = {r.memory_id: r for r in records}
+                for note in contents.notes:
+                    rec = stored.pop(note.id, None)
+                    wm.records[note.id] = Record.new(note.id) if rec is None else rec
+                wm.records.update(stored)
+                if pending:
+                    wm.retrieval_revision = wm.plasticity_revision + 1
+                summary = contents.records.get("window_summary")
+                if isinstance(summary, str) and summary:
+                    wm.sliding_window.set_summary(summary)
+            wm.add_nodes(contents.notes, embeddings)
+            mem.readable_ids.update(contents.readable_ids or {})
+            mem._origin = (Path(path).resolve(), contents.version)
+            return mem
 
     def save(
         self,

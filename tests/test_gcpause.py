@@ -64,8 +64,55 @@ def test_overlapping_threads_share_the_pause():
 
 def test_overlapping_calls_cannot_hold_it_off_past_the_bound(monkeypatch):
     monkeypatch.setattr(_gcpause, "MAX_PAUSE_S", 0.0)
+    started, release = threading.Event(), threading.Event()
+
+    def worker():
+        with gc_paused():
+            started.set()
+            release.wait()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    started.wait()
     with gc_paused():
+        pass
+    assert gc.isenabled()  # this call ended after the bound: back on, though the worker's runs
+    release.set()
+    t.join()
+    assert gc.isenabled()
+
+
+def test_a_nested_pause_does_not_end_a_long_call_early(monkeypatch):
+    monkeypatch.setattr(_gcpause, "MAX_PAUSE_S", 0.0)
+    with gc_paused():
+        with gc_paused():  # e.g. the store load inside SoulMem.load
+            pass
+        assert not gc.isenabled()  # the same thread's outer call is still running
+    assert gc.isenabled()
+
+
+def test_objects_of_a_pause_join_the_oldest_generation_and_cycles_are_still_collected():
+    import weakref
+
+    class Node:
+        pass
+
+    with gc_paused():
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle made during the pause
+        probe = weakref.ref(a)
+    assert gc.get_freeze_count() == 0  # nothing left frozen
+    del a, b
+    gc.collect()
+    assert probe() is None  # the cycle is collected by a full collection
+
+
+def test_an_application_freeze_is_left_alone():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
         with gc_paused():
             pass
-        assert gc.isenabled()  # the inner call ended after the bound: collector back on
-    assert gc.isenabled()
+        assert gc.get_freeze_count() == frozen  # not unfrozen by the pause
+    finally:
+        gc.unfreeze()

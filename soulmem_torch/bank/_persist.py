@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.bank._agent import Agent
 from soulmem_torch.errors import StoreError, ValidationError
 from soulmem_torch.store.codec import CodecError, decode_embeddings, decode_graph, encode_graph
@@ -34,6 +35,7 @@ from soulmem_torch.store.rows import (
     check_utf8,
     decode_rows,
     note_rows,
+    parse_notes,
     version_info,
 )
 
@@ -313,6 +315,19 @@ def load_bank(
         raise ValidationError(
             f"on_embedder_mismatch: expected 'reembed' or 'refuse', found {on_embedder_mismatch!r}"
         )
+    with gc_paused():  # ~10 small acyclic objects a note, thousands of agents (see _gcpause)
+        return _load_bank(cls, path, embedder, device, on_damaged, on_embedder_mismatch, kwargs)
+
+
+def _load_bank(
+    cls: Any,
+    path: str | os.PathLike[str],
+    embedder: Any,
+    device: Any,
+    on_damaged: str,
+    on_embedder_mismatch: str,
+    kwargs: dict[str, Any],
+) -> Any:
     root = Path(path)
     db = bank_db(root)
     bank = cls(embedder=embedder, device=device, **kwargs)
@@ -376,7 +391,6 @@ def _build_agents(
         describe_mismatch,
         embedder_identity,
     )
-    from soulmem_torch.graph import MemoryGraph
     from soulmem_torch.model import MemoryId
 
     by_agent = {a: list(g) for a, g in groupby(rows, key=lambda r: r[0])}
@@ -387,6 +401,10 @@ def _build_agents(
             pre.setdefault(r[0], []).append(e)
     except CodecError:
         pre = {}
+    parsed = parse_notes([r[3] for r in rows])  # every note of the bank in one pass, too
+    pre_notes: dict[str, list[Any]] = {}
+    for r, n in zip(rows, parsed or ()):
+        pre_notes.setdefault(r[0], []).append(n)
     payloads = {a: (p, s) for a, p, s in graphs}
     given: EmbedderIdentity | None = None
     verdicts: dict[str, str | None] = {}  # info JSON → mismatch reason (None: same)
@@ -400,6 +418,8 @@ def _build_agents(
                 if payload is None or psha != graph_digest(agent_id, payload):
                     raise StoreError(f"{where}: agent {agent_id!r}: graph blob missing or "
                                      "checksum mismatch")  # fmt: skip
+                from soulmem_torch.graph import MemoryGraph  # PyG: only for tensor agents
+
                 try:
                     ids, tensors = decode_graph(payload)
                     graph = MemoryGraph.from_tensors(
@@ -418,6 +438,7 @@ def _build_agents(
             notes, embeddings, readable = decode_rows(
                 where, agent_id, agent_rows, hint="the other agents are served",
                 embeddings=pre.get(agent_id, []) if agent_id in pre or not agent_rows else None,
+                notes=pre_notes.get(agent_id, []) if parsed is not None else None,
             )  # fmt: skip
             if info not in verdicts:
                 meta = json.loads(info)

@@ -14,6 +14,12 @@ from pydantic_core import core_schema
 
 __all__ = ["LinkId", "MemoryId"]
 
+_new = object.__new__
+_set = object.__setattr__
+_UNKNOWN = uuid.SafeUUID.unknown
+_SEEN_MAX = 1 << 16  # ids kept by the parser of each id type (immutable: shared safely)
+_SEEN: dict[type, dict[str, Any]] = {}
+
 
 class _UuidNewtype(uuid.UUID):
     """A UUID subclass that only equals instances of the same newtype."""
@@ -34,6 +40,22 @@ class _UuidNewtype(uuid.UUID):
         super().__init__(value)
 
     @classmethod
+    def _from_text(cls, text: str) -> Any:
+        """``cls(text)`` without the generic constructor's overhead (the same parsing as
+        ``uuid.UUID(hex)``: braces, hyphens and a URN prefix optional). Notes are parsed in
+        bulk on every load, so this is on the load's hot path."""
+        hex_ = text.replace("-", "") if len(text) == 36 else ""  # the canonical form
+        if len(hex_) != 32:
+            hex_ = text.replace("urn:", "").replace("uuid:", "").strip("{}").replace("-", "")
+            if len(hex_) != 32:
+                raise ValueError("badly formed hexadecimal UUID string")
+        value = int(hex_, 16)
+        self = _new(cls)
+        _set(self, "int", value)
+        _set(self, "is_safe", _UNKNOWN)
+        return self
+
+    @classmethod
     def new(cls) -> _UuidNewtype:
         """A fresh random (v4) id."""
         return cls(uuid.uuid4())
@@ -44,7 +66,7 @@ class _UuidNewtype(uuid.UUID):
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash((type(self).__name__, self.int))
+        return hash((type(self).__name__, self.int))  # the subclasses override it (faster)
 
     def __lt__(self, other: object) -> bool:
         if type(other) is type(self):
@@ -61,16 +83,31 @@ class _UuidNewtype(uuid.UUID):
     def __get_pydantic_core_schema__(
         cls, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
+        from_text = cls._from_text
+        seen = _SEEN.setdefault(cls, {})  # ids repeat (a link's "from", a record's note)
+
         def parse(value: Any) -> Any:
+            if type(value) is str:
+                out = seen.get(value)
+                if out is not None:
+                    return out
+                try:
+                    out = from_text(value)
+                except ValueError:
+                    raise ValueError(f"expected a UUID string, found {value!r}") from None
+                if len(seen) >= _SEEN_MAX:
+                    seen.clear()
+                seen[value] = out
+                return out
+            if isinstance(value, str):
+                try:
+                    return from_text(value)
+                except ValueError:
+                    raise ValueError(f"expected a UUID string, found {value!r}") from None
             if isinstance(value, cls):
                 return value
             if isinstance(value, uuid.UUID):
                 return cls(value)
-            if isinstance(value, str):
-                try:
-                    return cls(value)
-                except ValueError:
-                    raise ValueError(f"expected a UUID string, found {value!r}") from None
             raise ValueError(f"expected a UUID string, found {type(value).__name__}")
 
         return core_schema.no_info_plain_validator_function(
@@ -89,8 +126,14 @@ class MemoryId(_UuidNewtype):
 
     __slots__ = ()
 
+    def __hash__(self) -> int:  # hashed in every dict of the cluster: kept cheap
+        return hash(self.int)
+
 
 class LinkId(_UuidNewtype):
     """Id of a memory link (UUID v4). ``LinkId()`` makes a fresh one."""
 
     __slots__ = ()
+
+    def __hash__(self) -> int:  # differs from a MemoryId's with the same bits
+        return ~hash(self.int)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
@@ -110,6 +111,15 @@ def f32_round(x: float) -> float:
     """The Python float equal to the shortest decimal of ``float32(x)`` (what Rust keeps)."""
     if not math.isfinite(x):
         return x
+    if x == 0:
+        return float(format_f32(x))  # keeps the sign of -0.0 (which the cache would not)
+    return _f32_round_finite(x)
+
+
+@functools.lru_cache(maxsize=4096)
+def _f32_round_finite(x: float) -> float:
+    # cached: every f32 field of every note goes through here when notes are parsed, and
+    # stored notes repeat a few values (confidences, intensities) over and over
     if not math.isfinite(to_float32(x)):
         raise ValueError(f"{x!r} is outside the float32 range (|x| <= 3.4028235e38)")
     return float(format_f32(x))

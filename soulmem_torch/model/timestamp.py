@@ -22,6 +22,8 @@ _RFC3339 = re.compile(
     r"(Z|z|[+-]\d{2}:\d{2})$"
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_UTC = timezone.utc
+_datetime_new = datetime.__new__
 
 
 class Timestamp(datetime):
@@ -154,6 +156,19 @@ class Timestamp(datetime):
 
 def parse_rfc3339(text: str) -> Timestamp:
     """Parses an RFC 3339 timestamp with up to 9 fraction digits (more are truncated)."""
+    global _LAST
+    last_text, last = _LAST  # a note's two times (a record's too) are often the same text
+    if type(text) is str and text == last_text:
+        return last
+    out = _parse_rfc3339(text)
+    _LAST = (text, out)
+    return out
+
+
+_LAST: tuple[str, Timestamp | None] = ("", None)
+
+
+def _parse_rfc3339(text: str) -> Timestamp:
     if not isinstance(text, str):
         raise ValueError(f"expected an RFC 3339 string, found {type(text).__name__}")
     m = _RFC3339.match(text.strip())
@@ -163,12 +178,19 @@ def parse_rfc3339(text: str) -> Timestamp:
             f"found {text!r}"
         )
     year, month, day, hour, minute, second, frac, off = m.groups()
-    ns = int((frac or "").ljust(9, "0")) if frac else 0
-    if off in ("Z", "z"):
-        tz = timezone.utc
-    else:
-        sign = 1 if off[0] == "+" else -1
-        tz = timezone(sign * timedelta(hours=int(off[1:3]), minutes=int(off[4:6])))
+    ns = int(frac.ljust(9, "0")) if frac else 0
+    if off in ("Z", "z"):  # the form every writer here uses: built directly (the load path)
+        try:
+            out = _datetime_new(
+                Timestamp, int(year), int(month), int(day), int(hour), int(minute),
+                int(second), ns // 1000, _UTC,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise ValueError(f"invalid timestamp {text!r}: {exc}") from None
+        out._sub_us = ns % 1000
+        return out
+    sign = 1 if off[0] == "+" else -1
+    tz = timezone(sign * timedelta(hours=int(off[1:3]), minutes=int(off[4:6])))
     try:
         local = datetime(
             int(year), int(month), int(day), int(hour), int(minute), int(second),

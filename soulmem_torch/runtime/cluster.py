@@ -48,10 +48,12 @@ Example:
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from soulmem_torch.embedding.fields import FIELD_INDEX, EmbeddedMemoryNote, MemoryEmbedding
@@ -87,19 +89,162 @@ class GraphMemoryLink:
         )  # fmt: skip
 
 
-def _check_vector(what: str, value: Any, dim: int | None) -> int:
+def _check_shape(where: Any, name: str | None, value: Any, dim: int | None) -> int:
+    """A 1-D float tensor of width ``dim`` (finiteness is checked in bulk by the caller);
+    errors name ``<where>.tag`` (``name`` ``None``) or ``<where>.fields[<name>]``."""
+    if (
+        isinstance(value, torch.Tensor)
+        and value.ndim == 1
+        and value.dtype.is_floating_point
+        and (dim is None or value.shape[0] == dim)
+    ):
+        return value.shape[0]
+    what = f"{where}.tag" if name is None else f"{where}.fields[{name!r}]"
     if not isinstance(value, torch.Tensor):
         raise ValidationError(f"{what}: expected a 1-D float tensor, found {type(value).__name__}")
-    if value.dim() != 1 or not value.dtype.is_floating_point:
+    if value.ndim != 1 or not value.dtype.is_floating_point:
         raise ValidationError(
             f"{what}: expected a 1-D float tensor, found shape {tuple(value.shape)} "
             f"of {value.dtype}"
         )
-    if dim is not None and value.shape[0] != dim:
-        raise ValidationError(f"{what}: expected width {dim}, found {value.shape[0]}")
-    if not bool(torch.isfinite(value).all()):
+    raise ValidationError(f"{what}: expected width {dim}, found {value.shape[0]}")
+
+
+def _shapes(
+    embedding: Any, dim: int | None, where: Any, out: list[tuple[Any, str | None, torch.Tensor]]
+) -> int | None:
+    """The structural checks of :func:`check_embedding`; the vectors go to ``out`` as
+    ``(where, field name or None for the tag, vector)`` for one bulk finiteness check."""
+    if embedding is None:
+        return None
+    if not isinstance(embedding, MemoryEmbedding):
+        raise ValidationError(
+            f"{where}: expected a MemoryEmbedding or None, found {type(embedding).__name__}"
+        )
+    tag = embedding.tag
+    width = _check_shape(where, None, tag, dim)
+    out.append((where, None, tag))
+    fields = embedding.fields
+    if not isinstance(fields, dict):
+        raise ValidationError(
+            f"{where}.fields: expected a dict of name -> tensor, found {type(fields).__name__}"
+        )
+    for name, vector in fields.items():
+        if name not in FIELD_INDEX:
+            raise ValidationError(
+                f"{where}.fields[{name!r}]: expected a name in FIELD_NAMES, found an unknown field"
+            )
+        _check_shape(where, name, vector, width)
+        out.append((where, name, vector))
+    return int(width)
+
+
+_CHUNK = 1 << 20  # elements per finiteness pass (its bool temporary stays in cache)
+_NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
+
+
+def _finite(flat: torch.Tensor) -> bool:
+    """Whether every element of a 1-D tensor is finite (numpy on the CPU: one pass, several
+    times faster than ``torch.isfinite`` there; chunked so no big temporary is made)."""
+    if flat.device.type == "cpu" and flat.dtype in _NUMPY_DTYPES:
+        array = flat.numpy()
+        return all(
+            bool(np.isfinite(array[i : i + _CHUNK]).all()) for i in range(0, array.size, _CHUNK)
+        )
+    return all(
+        bool(torch.isfinite(flat[i : i + _CHUNK]).all()) for i in range(0, flat.numel(), _CHUNK)
+    )
+
+
+_VERIFIED: dict[tuple[int, torch.dtype], tuple[weakref.ref[torch.Tensor], int]] = {}
+
+
+def mark_finite(base: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    """Records that the whole storage of ``base``, read as ``dtype`` (default: its own), holds
+    only finite values, so views of it skip the finiteness check of :meth:`MemoryCluster.add_notes`
+    until the tensor is changed in place (its version counter moves on; writes that bypass
+    torch, e.g. through a numpy view, are not seen). A store's decoder calls it for the buffer
+    it just checked; the check itself records every storage it verified."""
+    dtype = base.dtype if dtype is None else dtype
+    key = (id(base), dtype)
+    _VERIFIED[key] = (weakref.ref(base, lambda _ref, key=key: _VERIFIED.pop(key, None)),
+                      base._version)  # fmt: skip
+
+
+def _is_verified(base: torch.Tensor, dtype: torch.dtype) -> bool:
+    entry = _VERIFIED.get((id(base), dtype))
+    return entry is not None and entry[0]() is base and entry[1] == base._version
+
+
+def first_non_finite(vectors: Sequence[torch.Tensor]) -> int | None:
+    """The index of the first vector holding a NaN or inf (``None``: all finite), checked in
+    bulk: views of one tensor (what a store's decoder and the embedders hand out) by one pass
+    over their storage (remembered, see :func:`mark_finite`), the others stacked in chunks; the
+    vectors of a failing group are then checked one by one to name the first offender."""
+    groups: dict[tuple[int, torch.dtype], list[int]] = {}
+    bases: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+    loose: list[int] = []
+    last_base: Any = None
+    last_dtype: Any = None
+    members: list[int] = []
+    for k, v in enumerate(vectors):
+        base = v._base
+        if base is last_base and base is not None and v.dtype is last_dtype:
+            members.append(k)  # the common case: the next view of the same buffer
+            continue
+        if base is None:
+            loose.append(k)
+            continue
+        last_base, last_dtype = base, v.dtype
+        key = (id(base), last_dtype)
+        members = groups.get(key)  # type: ignore[assignment]
+        if members is None:
+            groups[key] = members = []
+            bases[key] = base
+        members.append(k)
+    suspects: list[int] = []
+    for key, members in groups.items():
+        dtype = key[1]
+        base = bases[key]
+        if _is_verified(base, dtype):
+            continue
+        storage = base.untyped_storage()
+        size = torch.empty((), dtype=dtype).element_size()
+        width = int(vectors[members[0]].shape[0])
+        count = storage.nbytes() // size
+        if count > 4 * width * len(members) + _CHUNK:  # a few views of a big tensor
+            loose.extend(members)
+            continue
+        flat = torch.empty(0, dtype=dtype, device=base.device)
+        flat.set_(storage, 0, (count,), (1,))
+        if _finite(flat.detach()):
+            mark_finite(base, dtype)
+        else:
+            suspects.extend(members)
+    if loose:
+        by_kind: dict[tuple[torch.dtype, torch.device, int], list[int]] = {}
+        for k in loose:
+            v = vectors[k]
+            by_kind.setdefault((v.dtype, v.device, int(v.shape[0])), []).append(k)
+        with torch.no_grad():
+            for members in by_kind.values():
+                for i in range(0, len(members), 4096):
+                    part = members[i : i + 4096]
+                    stacked = torch.stack([vectors[k].detach() for k in part]).reshape(-1)
+                    if not _finite(stacked):
+                        suspects.extend(part)
+    for k in sorted(suspects):
+        if not bool(torch.isfinite(vectors[k].detach()).all()):
+            return k
+    return None
+
+
+def _raise_non_finite(checked: Sequence[tuple[Any, str | None, torch.Tensor]]) -> None:
+    bad = first_non_finite([v for _, _, v in checked])
+    if bad is not None:
+        where, name, _ = checked[bad]
+        what = f"{where}.tag" if name is None else f"{where}.fields[{name!r}]"
         raise ValidationError(f"{what}: expected finite values, found NaN or inf")
-    return int(value.shape[0])
 
 
 def check_embedding(embedding: Any, *, dim: int | None, where: str = "embedding") -> int | None:
@@ -114,25 +259,26 @@ def check_embedding(embedding: Any, *, dim: int | None, where: str = "embedding"
         ValidationError: naming the field, on a wrong type, shape, width, an unknown field name,
             or a NaN / inf value.
     """
-    if embedding is None:
-        return None
-    if not isinstance(embedding, MemoryEmbedding):
-        raise ValidationError(
-            f"{where}: expected a MemoryEmbedding or None, found {type(embedding).__name__}"
-        )
-    width = _check_vector(f"{where}.tag", embedding.tag, dim)
-    if not isinstance(embedding.fields, dict):
-        raise ValidationError(
-            f"{where}.fields: expected a dict of name -> tensor, "
-            f"found {type(embedding.fields).__name__}"
-        )
-    for name, vector in embedding.fields.items():
-        if name not in FIELD_INDEX:
-            raise ValidationError(
-                f"{where}.fields[{name!r}]: expected a name in FIELD_NAMES, found an unknown field"
-            )
-        _check_vector(f"{where}.fields[{name!r}]", vector, width)
+    checked: list[tuple[Any, str | None, torch.Tensor]] = []
+    try:
+        width = _shapes(embedding, dim, where, checked)
+    except ValidationError:
+        _raise_non_finite(checked)  # an earlier vector's NaN is reported first, as before
+        raise
+    _raise_non_finite(checked)
     return width
+
+
+class _Where:
+    """``"embedding of note <id>"``, formatted only when an error names it."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, id: MemoryId) -> None:
+        self.id = id
+
+    def __str__(self) -> str:
+        return f"embedding of note {self.id}"
 
 
 class MemoryCluster:
@@ -334,23 +480,30 @@ class MemoryCluster:
             prepared: list[tuple[MemoryNote, MemoryEmbedding | None]] = []
             dim = self._dim
             seen: set[MemoryId] = set()
-            for i, item in enumerate(items):
-                emb = embeddings[i] if embeddings is not None else None
-                if isinstance(item, EmbeddedMemoryNote):
-                    if emb is None:
-                        emb = item.embedding
-                    item = item.note
-                if not isinstance(item, MemoryNote):
-                    raise ValidationError(
-                        f"notes[{i}]: expected a MemoryNote or EmbeddedMemoryNote, "
-                        f"found {type(item).__name__}"
-                    )
-                if item.id not in self._nodes and item.id not in seen:
-                    width = check_embedding(emb, dim=dim, where=f"embedding of note {item.id}")
-                    if width is not None:
-                        dim = width
-                    seen.add(item.id)
-                prepared.append((item, emb))
+            nodes = self._nodes
+            checked: list[tuple[Any, str | None, torch.Tensor]] = []  # finite-checked in bulk
+            try:
+                for i, item in enumerate(items):
+                    emb = embeddings[i] if embeddings is not None else None
+                    if isinstance(item, EmbeddedMemoryNote):
+                        if emb is None:
+                            emb = item.embedding
+                        item = item.note
+                    if not isinstance(item, MemoryNote):
+                        raise ValidationError(
+                            f"notes[{i}]: expected a MemoryNote or EmbeddedMemoryNote, "
+                            f"found {type(item).__name__}"
+                        )
+                    nid = item.id
+                    if nid not in nodes and nid not in seen:
+                        if emb is not None:
+                            dim = _shapes(emb, dim, _Where(nid), checked)
+                        seen.add(nid)
+                    prepared.append((item, emb))
+            except ValidationError:
+                _raise_non_finite(checked)  # an earlier note's NaN is reported first
+                raise
+            _raise_non_finite(checked)
 
             added: list[bool] = []
             changed = False

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from soulmem_torch.model.ids import MemoryId
 from soulmem_torch.model.timestamp import Timestamp
@@ -143,6 +143,10 @@ def records_from_json(data: object, *, where: str = "records") -> tuple[list[Rec
     rows = data.get("records")
     if not isinstance(rows, list):
         raise ValidationError(f"{where}.records: expected a list, found {type(rows).__name__}")
+    try:  # all at once in pydantic-core; a bad one is named below
+        return _RECORD_LIST.validate_python(rows), bool(data.get("plasticity_pending", False))
+    except ValueError:
+        pass
     out = []
     for i, row in enumerate(rows):
         try:
@@ -150,3 +154,6 @@ def records_from_json(data: object, *, where: str = "records") -> tuple[list[Rec
         except ValueError as exc:
             raise ValidationError(f"{where}.records[{i}]: {exc}") from None
     return out, bool(data.get("plasticity_pending", False))
+
+
+_RECORD_LIST = TypeAdapter(list[Record])

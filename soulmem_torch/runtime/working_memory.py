@@ -24,6 +24,7 @@ from soulmem_torch.embedding.fields import EmbeddedMemoryNote, MemoryEmbedding
 from soulmem_torch.errors import ValidationError
 from soulmem_torch.model.ids import MemoryId
 from soulmem_torch.model.notes import MemoryNote
+from soulmem_torch.model.timestamp import Timestamp
 from soulmem_torch.runtime.cluster import MemoryCluster
 from soulmem_torch.runtime.records import Feedback, Record
 from soulmem_torch.runtime.window import Information, LLMCallable, PushResult, SlidingWindow
@@ -129,8 +130,9 @@ class WorkingMemory:
         """Adds several notes (``MemoryCluster.add_notes``) and opens their records."""
         notes = list(notes)
         added = self.cluster.add_notes(notes, embeddings, links_after_nodes=links_after_nodes)
+        now = Timestamp.now()  # the records opened by one call share its time
         for note in notes:
-            self._open_record(note)
+            self._open_record(note, now)
         return added
 
     def remove_node(self, id: MemoryId) -> EmbeddedMemoryNote | None:
@@ -201,7 +203,9 @@ class WorkingMemory:
         """``sliding_window.push(info)``."""
         return await self.sliding_window.push(info, raise_on_error=raise_on_error)
 
-    def _open_record(self, note: MemoryNote | EmbeddedMemoryNote) -> None:
+    def _open_record(
+        self, note: MemoryNote | EmbeddedMemoryNote, now: Timestamp | None = None
+    ) -> None:
         mid = note.note.id if isinstance(note, EmbeddedMemoryNote) else note.id
         if mid not in self.records:
-            self.records[mid] = Record.new(mid)
+            self.records[mid] = Record.new(mid, now=now)

@@ -11,6 +11,7 @@ from typing import Any
 
 import filelock
 
+from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.embedding.fields import FIELD_NAMES, MemoryEmbedding
 from soulmem_torch.embedding.identity import EmbedderIdentity
 from soulmem_torch.errors import StoreError, ValidationError
@@ -506,11 +507,12 @@ class MemoryStore:
                 or the database that is damaged; a legacy store's errors as before.
         """
         if self.db.exists():
-            with self.db.read() as conn:
-                latest = self.db.latest(conn)
-                rows = self.db.state_rows(conn, _AGENT) if latest is not None else None
-            if latest is not None and rows is not None:
-                return self._contents(latest, rows)
+            with gc_paused():  # ~10 small acyclic objects a note (see _gcpause)
+                with self.db.read() as conn:
+                    latest = self.db.latest(conn)
+                    rows = self.db.state_rows(conn, _AGENT) if latest is not None else None
+                if latest is not None and rows is not None:
+                    return self._contents(latest, rows)
         if self._legacy.exists():
             return self._legacy.load()
         raise StoreError(

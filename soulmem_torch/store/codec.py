@@ -35,12 +35,14 @@ import numpy as np
 import torch
 
 from soulmem_torch.embedding.fields import FIELD_INDEX, FIELD_NAMES, MemoryEmbedding
+from soulmem_torch.runtime.cluster import mark_finite
 
 __all__ = [
     "decode_embedding",
     "decode_graph",
     "encode_embedding",
     "encode_graph",
+    "note_digest",
     "row_digest",
 ]
 
@@ -69,17 +71,45 @@ class CodecError(ValueError):
 
 def row_digest(*parts: str | bytes | int | None) -> bytes:
     """BLAKE2b-128 of the parts, each length-prefixed (``None`` and ``b""`` differ)."""
-    h = hashlib.blake2b(digest_size=16)
+    chunks: list[bytes] = []  # one hash call over the joined parts (a row is read per note)
     for part in parts:
         if part is None:
-            h.update(b"\xff" * 8)
+            chunks.append(_NONE)
             continue
         if isinstance(part, int):
             part = str(part)
         data = part.encode("utf-8") if isinstance(part, str) else bytes(part)
-        h.update(struct.pack("<Q", len(data)))
-        h.update(data)
-    return h.digest()
+        chunks.append(_LENGTH(len(data)))
+        chunks.append(data)
+    return _blake2b(b"".join(chunks), digest_size=16).digest()
+
+
+_NONE = b"\xff" * 8
+_LENGTH = struct.Struct("<Q").pack
+_blake2b = hashlib.blake2b
+
+
+def note_digest(
+    agent: str, id_: str, pos: int, note: str, rid: str | None, emb: bytes | None
+) -> bytes:
+    """``row_digest(agent, id_, pos, note, rid, emb)`` of a note row (the same bytes), unrolled
+    for the load path (one call per stored note)."""
+    if not (type(agent) is type(id_) is type(note) is str and type(pos) is int) or not (
+        rid is None or type(rid) is str
+    ) or not (emb is None or type(emb) is bytes):  # fmt: skip
+        return row_digest(agent, id_, pos, note, rid, emb)
+    a, i, p, t = agent.encode(), id_.encode(), str(pos).encode(), note.encode()
+    parts = [_LENGTH(len(a)), a, _LENGTH(len(i)), i, _LENGTH(len(p)), p, _LENGTH(len(t)), t]
+    if rid is None:
+        parts.append(_NONE)
+    else:
+        r = rid.encode()
+        parts += (_LENGTH(len(r)), r)
+    if emb is None:
+        parts.append(_NONE)
+    else:
+        parts += (_LENGTH(len(emb)), emb)
+    return _blake2b(b"".join(parts), digest_size=16).digest()
 
 
 def encode_embedding(emb: MemoryEmbedding) -> bytes:
@@ -147,6 +177,11 @@ def _header(blob: bytes) -> tuple[int, int, list[str], int, int]:
     return code, dim, names, layout, count
 
 
+_HEAD = np.dtype([("magic", "S2"), ("version", "u1"), ("code", "u1"), ("dim", "<u4"),
+                  ("mask", "<u8"), ("layout", "u1"), ("count", "<u4")])  # fmt: skip
+_WIDTH = np.array([0, 2, 4], dtype=np.int64)  # index bytes per stored value, by layout
+
+
 def decode_embeddings(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None]:
     """Decodes many blobs at once: one zero-filled buffer per (dtype, width), the stored
     values scattered into it in one vectorized step, and each note's vectors views into it.
@@ -154,6 +189,108 @@ def decode_embeddings(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | N
     Raises:
         CodecError: naming the position (in ``blobs``) of a blob that does not decode.
     """
+    out = _decode_bulk(blobs)
+    return out if out is not None else _decode_each(blobs)
+
+
+def _decode_bulk(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None] | None:
+    """The common case in whole-array steps: every blob of one dtype and width, headers
+    parsed and checked together. ``None`` when anything is unusual (several dtypes or widths,
+    any bad blob): :func:`_decode_each` then decodes them (and names a bad one)."""
+    present = [i for i, b in enumerate(blobs) if b is not None]
+    out: list[MemoryEmbedding | None] = [None] * len(blobs)
+    if not present:
+        return out
+    parts = [blobs[i] for i in present]
+    n = len(parts)
+    if not all(type(b) is bytes for b in parts):
+        return None
+    lengths = np.fromiter(map(len, parts), dtype=np.int64, count=n)
+    if int(lengths.min()) < _EMB_HEADER.size:
+        return None
+    heads = np.frombuffer(b"".join(b[: _EMB_HEADER.size] for b in parts), dtype=_HEAD)
+    code, dim = int(heads["code"][0]), int(heads["dim"][0])
+    floats = _NP_FLOATS.get(code)
+    if floats is None:  # bfloat16 (no numpy dtype): decoded blob by blob
+        return None
+    value_type = np.dtype(floats).newbyteorder("<")
+    layout = heads["layout"]
+    mask = heads["mask"]
+    if (
+        code not in _DTYPES
+        or dim < 1
+        or (heads["magic"] != _EMB_MAGIC).any()
+        or (heads["version"] != 2).any()
+        or (heads["code"] != code).any()
+        or (heads["dim"] != dim).any()
+        or (layout > _SPARSE32).any()
+        or (mask >> np.uint64(len(FIELD_NAMES))).any()
+    ):
+        return None
+    count = heads["count"].astype(np.int64)
+    rows = 1 + np.bitwise_count(mask).astype(np.int64)
+    size = rows * dim
+    itemsize = _ITEMSIZE[code]
+    width = _WIDTH[layout]
+    if (
+        (_EMB_HEADER.size + count * (width + itemsize) != lengths).any()
+        or ((layout == _DENSE) & (count != size)).any()
+        or (count > size).any()
+    ):
+        return None
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(rows, out=starts[1:])
+    bits_type = np.dtype(_NP_BITS[itemsize]).newbyteorder("<")
+    flat = np.zeros(int(starts[-1]) * dim, dtype=bits_type)
+    for kind, index_type in ((_DENSE, None), (_SPARSE16, "<u2"), (_SPARSE32, "<u4")):
+        chosen = np.flatnonzero(layout == kind)
+        if not chosen.size:
+            continue
+        sel = chosen.tolist()
+        cnt = count[chosen]
+        total = int(cnt.sum())
+        if not total:
+            continue
+        head = _EMB_HEADER.size
+        widths = int(_WIDTH[kind])
+        values = np.frombuffer(
+            b"".join(parts[k][head + c * widths :] for k, c in zip(sel, cnt.tolist())),
+            dtype=bits_type,
+        )
+        if not np.isfinite(values.view(value_type)).all():  # only the stored values: the
+            return None  # zeros around them are finite; _decode_each names the blob
+        first = np.zeros(len(sel), dtype=np.int64)
+        np.cumsum(cnt[:-1], out=first[1:])
+        owner = np.repeat(np.arange(len(sel)), cnt)
+        if index_type is None:
+            local = np.arange(total, dtype=np.int64) - first[owner]
+        else:
+            local = np.frombuffer(
+                b"".join(parts[k][head : head + c * widths] for k, c in zip(sel, cnt.tolist())),
+                dtype=index_type,
+            ).astype(np.int64)
+            if (local >= size[chosen][owner]).any():
+                return None
+        flat[local + (starts[chosen] * dim)[owner]] = values
+    native = flat.astype(flat.dtype.newbyteorder("="), copy=False)
+    dtype = _DTYPES[code]
+    root = torch.from_numpy(native.view(floats))
+    mark_finite(root, dtype)  # every stored value was checked above
+    vectors = root.view(-1, dim).unbind(0)
+    names_of = _MASK_NAMES
+    lows = starts.tolist()
+    for k, (i, m) in enumerate(zip(present, mask.tolist())):
+        names = names_of.get(m)
+        if names is None:
+            names = names_of[m] = [f for f in FIELD_NAMES if m >> FIELD_INDEX[f] & 1]
+        lo = lows[k]
+        out[i] = MemoryEmbedding(
+            tag=vectors[lo], fields=dict(zip(names, vectors[lo + 1 : lows[k + 1]]))
+        )
+    return out
+
+
+def _decode_each(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None]:
     heads: list[tuple[int, int, list[str], int, int] | None] = []
     for i, blob in enumerate(blobs):
         if blob is None:
@@ -193,13 +330,40 @@ def decode_embeddings(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | N
         if positions:
             flat[np.concatenate(positions)] = np.concatenate(values)
         native = flat.astype(flat.dtype.newbyteorder("="), copy=False)
-        matrix = torch.from_numpy(native).view(_DTYPES[code]).view(-1, dim)
+        dtype = _DTYPES[code]
+        floats = _NP_FLOATS.get(code)
+        if floats is not None:  # the buffer as its floats (views of it share one base)
+            root = torch.from_numpy(native.view(floats))
+        else:  # bfloat16: no numpy dtype
+            root = torch.from_numpy(native).view(dtype)
+        bad = _first_non_finite_row(root, dim)
+        if bad is not None:
+            k = int(np.searchsorted(starts, bad, side="right")) - 1
+            raise CodecError(f"blob {members[k]}: a stored value is NaN or infinite")
+        mark_finite(root._base if root._base is not None else root, dtype)
+        matrix = root.view(-1, dim)
         vectors = matrix.unbind(0)
         for k, i in enumerate(members):
             lo, hi = int(starts[k]), int(starts[k + 1])
             names = heads[i][2]  # type: ignore[index]
             out[i] = MemoryEmbedding(tag=vectors[lo], fields=dict(zip(names, vectors[lo + 1 : hi])))
     return out
+
+
+_NP_FLOATS = {1: np.float32, 2: np.float64, 3: np.float16}
+
+
+def _first_non_finite_row(flat: torch.Tensor, dim: int) -> int | None:
+    """The first row (of ``dim`` values) of a 1-D buffer that holds a NaN / inf, or ``None``
+    (one chunked pass; numpy where it has the dtype)."""
+    step = max(dim, (1 << 20) // dim * dim)
+    for lo in range(0, flat.numel(), step):
+        part = flat[lo : lo + step]
+        ok = part.numpy() if part.dtype != torch.bfloat16 else None
+        finite = np.isfinite(ok) if ok is not None else torch.isfinite(part).numpy()
+        if not finite.all():
+            return (lo + int(np.flatnonzero(~finite)[0])) // dim
+    return None
 
 
 _GRAPH_KEYS = (

@@ -38,7 +38,7 @@ from typing import Any
 
 from soulmem_torch.errors import StoreError
 from soulmem_torch.model.timestamp import Timestamp
-from soulmem_torch.store.codec import chunks_of, row_digest
+from soulmem_torch.store.codec import chunks_of, note_digest, row_digest
 
 __all__ = ["Database", "NoteRow", "StoreWriteError"]
 
@@ -83,7 +83,7 @@ class NoteRow:
     emb: bytes | None
 
     def digest(self, agent: str) -> bytes:
-        return row_digest(agent, self.id, self.pos, self.note, self.rid, self.emb)
+        return note_digest(agent, self.id, self.pos, self.note, self.rid, self.emb)
 
 
 def meta_digest(key: str, value: str) -> bytes:

@@ -27,7 +27,12 @@ from soulmem_torch.store._legacy import (
     DirectoryStore,
     manifest_checksum,
 )
-from soulmem_torch.store.codec import CodecError, decode_embeddings, encode_embedding
+from soulmem_torch.store.codec import (
+    CodecError,
+    decode_embeddings,
+    encode_embedding,
+    note_digest,
+)
 from soulmem_torch.store.db import NoteRow, version_name
 
 __all__ = [
@@ -43,6 +48,7 @@ __all__ = [
     "layout_of",
     "manifest_of",
     "note_rows",
+    "parse_notes",
     "validate_embeddings",
     "version_info",
 ]
@@ -186,36 +192,43 @@ def decode_rows(
     *,
     hint: str,
     embeddings: Sequence[MemoryEmbedding | None] | None = None,
+    notes: Sequence[MemoryNote] | None = None,
 ) -> tuple[list[MemoryNote], list[MemoryEmbedding | None], dict[MemoryId, str]]:
     """Verifies and parses note rows ``(id, pos, note, rid, emb, sha)`` (``embeddings``: the
-    rows' blobs already decoded, e.g. a whole bank's at once).
+    rows' blobs already decoded, ``notes``: their texts already parsed by :func:`parse_notes`
+    — e.g. a whole bank's at once; the checksums and ids are verified here either way).
 
     Raises:
         StoreError: naming the note whose checksum, JSON or embedding is bad.
     """
-    notes: list[MemoryNote] = []
-    readable: dict[MemoryId, str] = {}
     who = f"agent {agent!r}, " if agent else ""
     for id_, pos, text, rid, emb, sha in rows:
-        row = NoteRow(id_, pos, text, rid, emb)
-        if sha != row.digest(agent):
+        if sha != note_digest(agent, id_, pos, text, rid, emb):
             raise StoreError(
                 f"{where}: {who}note {id_}: checksum mismatch — the row is corrupted and was "
                 f"not loaded; {hint}"
             )
-        try:
-            note = MemoryNote.from_json(text)
-        except pydantic.ValidationError as exc:
-            raise StoreError(
-                f"{where}: {who}note {id_}: not a valid note ({describe_validation_error(exc)})"
-            ) from None
+    texts = [r[2] for r in rows]
+    parsed = list(notes) if notes is not None else parse_notes(texts)
+    if parsed is None or len(parsed) != len(rows):  # a bad row: one by one, to name it
+        parsed = []
+        for (id_, *_rest), text in zip(rows, texts):
+            try:
+                parsed.append(MemoryNote.from_json(text))
+            except pydantic.ValidationError as exc:
+                raise StoreError(
+                    f"{where}: {who}note {id_}: not a valid note ({describe_validation_error(exc)})"
+                ) from None
+        if len(parsed) != len(rows):  # pragma: no cover - each text parsed on its own
+            raise StoreError(f"{where}: {who}the note rows do not parse one note each")
+    readable: dict[MemoryId, str] = {}
+    for (id_, _pos, _text, rid, *_rest), note in zip(rows, parsed):
         if str(note.id) != id_:
             raise StoreError(f"{where}: {who}note {id_}: the row holds note {note.id}")
-        notes.append(note)
         if rid is not None:
             readable[note.id] = rid
     if embeddings is not None:
-        return notes, list(embeddings), readable
+        return parsed, list(embeddings), readable
     blobs = [r[4] for r in rows]
     try:
         embeddings = decode_embeddings(blobs)
@@ -228,7 +241,24 @@ def decode_rows(
                     f"{where}: {who}note {id_}: {str(exc).removeprefix('blob 0: ')}"
                 ) from None
         raise
-    return notes, embeddings, readable
+    return parsed, embeddings, readable
+
+
+_NOTE_LIST = pydantic.TypeAdapter(list[MemoryNote])
+
+
+def parse_notes(texts: Sequence[str]) -> list[MemoryNote] | None:
+    """The notes of many serde JSON texts in one pass of pydantic-core (the texts joined into
+    one JSON array; the same validation as ``MemoryNote.from_json`` of each), or ``None`` when
+    any text is not exactly one valid note (the caller then parses them one by one to name
+    it)."""
+    if not texts:
+        return []
+    try:
+        notes = _NOTE_LIST.validate_json("[" + ",".join(texts) + "]")
+    except (pydantic.ValidationError, TypeError):
+        return None
+    return notes if len(notes) == len(texts) else None
 
 
 def counts_of(

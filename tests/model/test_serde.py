@@ -78,3 +78,33 @@ def test_strings_escaped_like_serde() -> None:
     text = dumps_serde({"s": 'a"b\\c\n\x01\x7f中/', "f": F32Float(0.1), "n": None})
     assert text == '{"s":"a\\"b\\\\c\\n\\u0001\x7f中/","f":0.1,"n":null}'
     assert json.loads(text)["s"] == 'a"b\\c\n\x01\x7f中/'
+
+
+def test_fast_id_and_time_parsers_match_the_general_ones() -> None:
+    import uuid as _uuid
+
+    from soulmem_torch.model import LinkId, MemoryId
+    from soulmem_torch.model.serde import f32_round
+    from soulmem_torch.model.timestamp import Timestamp, parse_rfc3339
+
+    u = _uuid.uuid4()
+    for text in (str(u), "{" + str(u) + "}", "urn:uuid:" + str(u), u.hex, str(u).upper()):
+        got = MemoryId._from_text(text)
+        assert type(got) is MemoryId and got == MemoryId(text) and got.int == u.int
+        assert hash(got) == hash(MemoryId(text)) and got != LinkId(text)
+    for bad in ("", "not-a-uuid", str(u)[:-1] + "g"):
+        try:
+            MemoryId._from_text(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)
+    for text in ("2026-12-01T23:48:05.630317Z", "2026-12-01T23:48:05Z", "2026-12-01t23:48:05.1z",
+                 "2026-12-01T23:48:05.123456789Z", "2026-12-01T23:48:05.630317+02:00"):  # fmt: skip
+        got = parse_rfc3339(text)
+        assert type(got) is Timestamp and got.utcoffset().total_seconds() == 0
+        assert got == Timestamp.from_ns(got.ns_since_epoch)
+        assert got.nanosecond == Timestamp.from_ns(got.ns_since_epoch).nanosecond
+        assert parse_rfc3339(text) is got or parse_rfc3339(text) == got
+    assert parse_rfc3339("2026-12-01T23:48:05.123456789Z").to_rfc3339().endswith(".123456789Z")
+    assert str(f32_round(-0.0)) == "-0.0" and str(f32_round(0.0)) == "0.0"
+    assert f32_round(0.1) == f32_round(0.1) == float("0.1")

@@ -538,3 +538,42 @@ def test_pending_invariants_hold_under_random_adds_and_removes(ops, link_pairs):
     for lk in pending.values():
         assert lk.from_ in present and lk.to not in present
     assert len(edges) + len(pending) == sum(len(cluster[m].note.mem_links) for m in present)
+
+
+# -- the bulk finiteness check of add_notes ----------------------------------------------------
+def test_bulk_finite_check_names_the_first_bad_vector_among_views_and_loose_ones() -> None:
+    import pytest
+    import torch
+
+    from soulmem_torch.embedding.fields import MemoryEmbedding
+    from soulmem_torch.errors import ValidationError
+    from soulmem_torch.model import MemoryNote, SemMemory
+    from soulmem_torch.runtime.cluster import MemoryCluster, first_non_finite
+
+    def sem(i: int) -> MemoryNote:
+        return MemoryNote.build(SemMemory(content=f"c{i}", aliases=[], concept_type="Entity",
+                                          description=""))  # fmt: skip
+
+    matrix = torch.zeros(12, 4)
+    views = list(matrix.unbind(0))
+    loose = [torch.ones(4) for _ in range(3)]
+    assert first_non_finite(views + loose) is None
+    matrix[7, 2] = float("nan")  # an in-place change: the remembered check no longer holds
+    loose[1][0] = float("inf")
+    assert first_non_finite(views + loose) == 7
+    assert first_non_finite(loose + views) == 1
+    notes = [sem(i) for i in range(4)]
+    embs = [MemoryEmbedding(tag=views[2 * i], fields={"content": views[2 * i + 1]})
+            for i in range(4)]  # fmt: skip
+    cluster = MemoryCluster()
+    with pytest.raises(ValidationError, match=rf"note {notes[3].id}\.fields\['content'\]: .*NaN"):
+        cluster.add_notes(notes, embs)
+    assert len(cluster) == 0  # nothing added
+    matrix[7, 2] = 0.0
+    assert cluster.add_notes(notes, embs) == [True] * 4
+    # a structural error later in the batch does not hide an earlier NaN
+    matrix2 = torch.zeros(3, 4)
+    matrix2[0, 0] = float("inf")
+    bad = [MemoryEmbedding(tag=matrix2[0]), MemoryEmbedding(tag=torch.zeros(5))]
+    with pytest.raises(ValidationError, match="expected finite values"):
+        MemoryCluster().add_notes([sem(8), sem(9)], bad)
