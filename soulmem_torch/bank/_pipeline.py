@@ -164,8 +164,7 @@ def _text_channel(
     for p, mem in zip(positions, memories):
         if mem is not None and p not in indices:
             indices[p] = text_index(agent_graph(union, p), mem)
-    owners = [p if mem is not None else -1 for p, mem in zip(positions, memories)]
-    indices[-1] = None
+    owners = [p if mem is not None else -1 for p, mem in zip(positions, memories)]  # -1: none
     return candidate_text_scores(indices, owners, queries, m, device=union.device)
 
 

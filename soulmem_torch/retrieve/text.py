@@ -283,7 +283,8 @@ def candidate_text_scores(
 ) -> Tensor:
     """BM25 of each query against its own memory's notes, many memories in one pass:
     (B, width) float64, row ``b`` the scores of ``indices[owners[b]]``'s notes in graph order
-    (zeros past them, and for a memory without an index) — the same bits as
+    (zeros past them, for a memory without an index and for a negative owner: no memory) —
+    the same bits as
     :func:`text_scores` on each memory alone.
 
     The memories' term-major weights are laid end to end (terms and notes offset per memory)
@@ -300,7 +301,7 @@ def candidate_text_scores(
     parts_t, parts_n, parts_w = [], [], []
     terms = notes = 0
     for p in used:
-        index = indices[p]
+        index = indices[p] if p >= 0 else None
         if index is None or not index.vocab:
             continue
         t_of, n_of = index.term_major.indices()

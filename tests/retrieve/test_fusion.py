@@ -275,11 +275,12 @@ def test_candidate_text_scores_equal_each_memory_alone() -> None:
         notes("museum visit", "visited the museum of rain", "tea"),
     ]
     indices = [build_text_index(m, device=torch.device("cpu")) if m else None for m in memories]
-    queries = ["rainy tea", "museum", "桂花 tea", "nothing known", "rain"]
-    owners = [0, 3, 0, 2, 1]
+    queries = ["rainy tea", "museum", "桂花 tea", "nothing known", "rain", "tea"]
+    owners = [0, 3, 0, 2, 1, -1]  # -1: no memory (zeros), not the last one
     got = candidate_text_scores(indices, owners, queries, 4, device=torch.device("cpu"))
-    assert got.shape == (5, 4) and got.dtype == torch.float64
-    for b, (q, p) in enumerate(zip(queries, owners)):
+    assert got.shape == (6, 4) and got.dtype == torch.float64
+    assert not got[5].any()
+    for b, (q, p) in enumerate(zip(queries[:5], owners[:5])):
         index = indices[p]
         if index is None:
             assert not got[b].any()
