@@ -250,39 +250,8 @@ def stack_field_embeddings(
     Raises:
         ValidationError: naming the note and field, on a wrong width or a NaN / inf value.
     """
-    n, f = len(embeddings), len(FIELD_NAMES)
-    d = _infer_dim(embeddings, dim) if n else (dim or 0)
-    rows: list[int] = []
-    tags: list[Tensor] = []
-    cells: list[int] = []
-    vectors: list[Tensor] = []
-    for i, emb in enumerate(embeddings):
-        if emb is None:
-            continue
-        if not isinstance(emb, MemoryEmbedding):
-            raise ValidationError(
-                f"embeddings[{i}]: expected a MemoryEmbedding or None, found {type(emb).__name__}"
-            )
-        rows.append(i)
-        tags.append(_check_vector(f"embeddings[{i}].tag", emb.tag, d).detach())
-        for name, vec in emb.fields.items():
-            j = FIELD_INDEX.get(name)
-            if j is None:
-                continue
-            cells.append(i * f + j)
-            vectors.append(_check_vector(f"embeddings[{i}].fields[{name!r}]", vec, d).detach())
-    tag_emb = torch.zeros(n, d, dtype=torch.float32)
-    tag_mask = torch.zeros(n, dtype=torch.bool)
-    field_emb = torch.zeros(n, f, d, dtype=torch.float32)
-    field_mask = torch.zeros(n, f, dtype=torch.bool)
-    if rows:
-        index = torch.tensor(rows, dtype=torch.long)
-        tag_emb[index] = torch.stack([t.to("cpu", torch.float32) for t in tags])
-        tag_mask[index] = True
-    if cells:
-        index = torch.tensor(cells, dtype=torch.long)
-        field_emb.view(n * f, d)[index] = torch.stack([v.to("cpu", torch.float32) for v in vectors])
-        field_mask.view(n * f)[index] = True
+    tag_emb, tag_mask, field_rows, field_pos = stack_compact_field_embeddings(embeddings, dim)
+    field_emb, field_mask = compact_to_dense(field_rows, field_pos)
     return tag_emb, tag_mask, field_emb, field_mask
 
 
