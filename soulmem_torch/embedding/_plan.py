@@ -80,22 +80,8 @@ class EmbeddingPlan:
         device: torch.device | str | None,
     ) -> Tensor:
         """Embeds every distinct text once and returns the slots, shape ``(num_slots, D)`` f32."""
-        vectors = run_embedder(
-            embedder,
-            self.texts,
-            query=query,
-            batch_size=batch_size,
-            device=device,
-            describe=self.describe,
-        )
-        dim = int(vectors.shape[1])
-        out = torch.zeros(self.num_slots, dim, dtype=torch.float32, device=vectors.device)
-        if self._slot:
-            slot = torch.tensor(self._slot, dtype=torch.long, device=vectors.device)
-            text = torch.tensor(self._text, dtype=torch.long, device=vectors.device)
-            weight = torch.tensor(self._weight, dtype=torch.float32, device=vectors.device)
-            out.index_add_(0, slot, vectors.index_select(0, text) * weight.unsqueeze(1))
-        return out
+        vectors = self._embed(embedder, query=query, batch_size=batch_size, device=device)
+        return _weighted_sum(vectors, self.num_slots, self._slot, self._text, self._weight)
 
     def assemble_distinct(
         self,
@@ -124,7 +110,22 @@ class EmbeddingPlan:
             if first[row]:
                 first[row] = False
                 representative[slot] = True
-        vectors = run_embedder(
+        vectors = self._embed(embedder, query=query, batch_size=batch_size, device=device)
+        keep = [i for i, slot in enumerate(self._slot) if representative[slot]]
+        out = _weighted_sum(
+            vectors,
+            len(distinct),
+            [slot_row[self._slot[i]] for i in keep],
+            [self._text[i] for i in keep],
+            [self._weight[i] for i in keep],
+        )
+        return out, slot_row
+
+    def _embed(
+        self, embedder: Any, *, query: bool, batch_size: int, device: torch.device | str | None
+    ) -> Tensor:
+        """Every distinct text's vector, ``(len(texts), D)``."""
+        return run_embedder(
             embedder,
             self.texts,
             query=query,
@@ -132,15 +133,18 @@ class EmbeddingPlan:
             device=device,
             describe=self.describe,
         )
-        dim = int(vectors.shape[1])
-        out = torch.zeros(len(distinct), dim, dtype=torch.float32, device=vectors.device)
-        keep = [i for i, slot in enumerate(self._slot) if representative[slot]]
-        if keep:
-            dev = vectors.device
-            slot = torch.tensor([slot_row[self._slot[i]] for i in keep], dtype=torch.long,
-                                device=dev)  # fmt: skip
-            text = torch.tensor([self._text[i] for i in keep], dtype=torch.long, device=dev)
-            weight = torch.tensor([self._weight[i] for i in keep], dtype=torch.float32,
-                                  device=dev)  # fmt: skip
-            out.index_add_(0, slot, vectors.index_select(0, text) * weight.unsqueeze(1))
-        return out, slot_row
+
+
+def _weighted_sum(
+    vectors: Tensor, rows: int, slot: list[int], text: list[int], weight: list[float]
+) -> Tensor:
+    """``(rows, D)`` float32: each ``vectors[text[i]] · weight[i]`` added into row ``slot[i]``,
+    in order (one ``index_add_``)."""
+    out = torch.zeros(rows, int(vectors.shape[1]), dtype=torch.float32, device=vectors.device)
+    if slot:
+        dev = vectors.device
+        index = torch.tensor(slot, dtype=torch.long, device=dev)
+        picked = torch.tensor(text, dtype=torch.long, device=dev)
+        w = torch.tensor(weight, dtype=torch.float32, device=dev)
+        out.index_add_(0, index, vectors.index_select(0, picked) * w.unsqueeze(1))
+    return out
