@@ -162,12 +162,17 @@ class TextIndex:
     weights: Tensor
     term_major: Tensor
 
+    def term_ids(self, strings: Iterable[str]) -> set[int]:
+        """The columns of the known terms of ``strings`` (each once)."""
+        vocab = self.vocab
+        return {vocab[t] for s in strings for t in _terms(s) if t in vocab}
+
     def query_terms(self, queries: Sequence[Iterable[str]], *, device: torch.device) -> Tensor:
         """Sparse COO (B, V) float64: 1 for each distinct known term of each query's strings."""
         rows: list[int] = []
         cols: list[int] = []
         for j, strings in enumerate(queries):
-            seen = {self.vocab[t] for s in strings for t in _terms(s) if t in self.vocab}
+            seen = self.term_ids(strings)
             rows.extend([j] * len(seen))
             cols.extend(seen)
         out = torch.sparse_coo_tensor(
@@ -328,8 +333,7 @@ def candidate_text_scores(
         if base is None:
             continue
         first[j] = note_base[p]
-        vocab = indices[p].vocab  # type: ignore[union-attr]
-        seen = sorted({vocab[t] for s in query_strings(q) for t in _terms(s) if t in vocab})
+        seen = sorted(indices[p].term_ids(query_strings(q)))  # type: ignore[union-attr]
         rows.extend([j] * len(seen))
         cols.extend([base + c for c in seen])
     query_terms = torch.sparse_coo_tensor(
