@@ -29,7 +29,7 @@ from soulmem_torch.functional.codes import (
     NODE_SEMANTIC,
     NODE_SPECIFIC,
 )
-from soulmem_torch.functional.similarity import BlendWeights, normalize_rows
+from soulmem_torch.functional.similarity import BlendWeights, QueryFields, normalize_rows
 
 __all__ = [
     "UnionSnapshot",
@@ -520,24 +520,24 @@ def note_ids(union: UnionSnapshot, positions: Sequence[int]) -> list[Any]:
     return flat
 
 
-def _candidate_cos(notes: Any, qn: Tensor, fidx: Tensor) -> Any:
+def _candidate_cos(notes: Any, qs: Any, fidx: Tensor) -> Any:
     """``cos(query field, note field) -> (s, U, M)`` for ``s`` queries against their candidate
     rows: the candidates' rows of that note field (``fidx``: (s, M, F) union rows, the zero row
     where absent) gathered as ``(s, M, D)`` — one field at a time, only the fields the rules
-    read — and matched by one ``bmm`` with the queries' normalized unit field (the shapes the
-    dense layout had, so the same bits)."""
+    read — and matched by one ``bmm`` with the queries' normalized unit field (``qs``: a
+    :class:`~soulmem_torch.functional.similarity.QueryFields`, which normalizes only the
+    fields some unit has: the others' cosines are zeros, as a zero row's are)."""
     from soulmem_torch.embedding.fields import FIELD_INDEX, QUERY_FIELD_INDEX
 
-    s, u = int(qn.shape[0]), int(qn.shape[1])
+    s, u = qs.shape
     m = int(fidx.shape[1])
-    q_present = (qn != 0).any(dim=-1).any(dim=1).any(dim=0).tolist()  # (Q,): one host sync
 
     def cos(q_name: str, f_name: str) -> Tensor:
-        qi, j = QUERY_FIELD_INDEX[q_name], FIELD_INDEX[f_name]
-        if not q_present[qi]:
-            return qn.new_zeros(s, u, m)
-        rows = notes.rows.index_select(0, fidx[:, :, j].reshape(-1)).view(s, m, -1)
-        return torch.bmm(qn[:, :, qi], rows.transpose(1, 2))
+        qf = qs.slice(QUERY_FIELD_INDEX[q_name])
+        if qf is None:
+            return fidx.new_zeros((s, u, m), dtype=torch.float32)
+        rows = notes.rows.index_select(0, fidx[:, :, FIELD_INDEX[f_name]].reshape(-1))
+        return torch.bmm(qf, rows.view(s, m, -1).transpose(1, 2))
 
     return cos
 
@@ -578,7 +578,6 @@ def structured_similarity(
     q = batch.to(device)
     um = q.unit_mask
     qm = q.field_mask & um.unsqueeze(-1)
-    qn = normalize_rows(q.field).masked_fill_(~qm.unsqueeze(-1), 0.0)
     kind = q.kind.to(device)
     qtag = normalize_rows(q.tag)
     q_zero = ~(q.tag != 0).any(dim=-1)
@@ -594,12 +593,15 @@ def structured_similarity(
         k = kind[sl]
         sem = (k == QUERY_SEMANTIC).nonzero().squeeze(1)
         sit = (k == QUERY_SITUATION).nonzero().squeeze(1)
+        rows = torch.arange(sl.start, sl.stop, device=device)
         if sem.numel():
-            cos = _candidate_cos(notes, qn[sl][sem], fidx[sem])
+            qs = QueryFields(q.field, rows[sem], qm[rows[sem]])
+            cos = _candidate_cos(notes, qs, fidx[sem])
             v = fsim.semantic_variant(cos, qm[sl][sem], um[sl][sem], w)
             variant[sem] = torch.where(ntype[sem] == NODE_SEMANTIC, v, 0.0)
         if sit.numel():
-            cos = _candidate_cos(notes, qn[sl][sit], fidx[sit])
+            qs = QueryFields(q.field, rows[sit], qm[rows[sit]])
+            cos = _candidate_cos(notes, qs, fidx[sit])
             fm_sit, nt_sit = fm[sit], ntype[sit]
             v = fsim.situation_variant(
                 cos, functools.partial(_has_field, fm_sit), nt_sit.unsqueeze(1),

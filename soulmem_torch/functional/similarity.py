@@ -71,6 +71,7 @@ from soulmem_torch.functional.topk import stable_topk
 __all__ = [
     "BlendWeights",
     "NoteSide",
+    "QueryFields",
     "cosine_scores",
     "embedding_scores",
     "embedding_scores_compact",
@@ -251,7 +252,7 @@ def _check_inputs(
     return b, u, n, d
 
 
-class _QueryFields:
+class QueryFields:
     """The query unit fields of B queries, normalized one field at a time, on demand.
 
     Stands in for a normalized ``qn`` (b, U, Q, D) in the variant kernels: a field no unit of
@@ -525,7 +526,7 @@ def _check_note_side(notes: NoteSide, node_type: Tensor, d: int) -> int:
     return n
 
 
-def _single_cos(qs: _QueryFields, notes: NoteSide, sel: Tensor) -> Callable[[str, str], Tensor]:
+def _single_cos(qs: QueryFields, notes: NoteSide, sel: Tensor) -> Callable[[str, str], Tensor]:
     """``cos(query field, note field)`` of the queries ``qs`` against the notes ``sel`` of one
     memory: the notes' rows of that field (the zero row where absent) gathered, one matmul —
     the same products, in the same shapes, as against a dense block, so the same bits."""
@@ -585,12 +586,12 @@ def embedding_scores_compact(
     sem_n = (ntype == NODE_SEMANTIC).nonzero().squeeze(1)
     sit_n = ((ntype == NODE_SPECIFIC) | (ntype == NODE_ABSTRACT)).nonzero().squeeze(1)
     if sem_q.numel() and sem_n.numel():
-        qs = _QueryFields(query_field, sem_q, qm[sem_q])
+        qs = QueryFields(query_field, sem_q, qm[sem_q])
         variant[sem_q.unsqueeze(1), sem_n.unsqueeze(0)] = semantic_variant(
             _single_cos(qs, notes, sem_n), qs.qm, um[sem_q], w
         )
     if sit_q.numel() and sit_n.numel():
-        qs = _QueryFields(query_field, sit_q, qm[sit_q])
+        qs = QueryFields(query_field, sit_q, qm[sit_q])
         fm = notes.mask.index_select(0, sit_n)
         variant[sit_q.unsqueeze(1), sit_n.unsqueeze(0)] = situation_variant(
             _single_cos(qs, notes, sit_n), lambda name: fm[:, _F[name]], ntype[sit_n],

@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 _CONFIG = ConfigDict(extra="ignore", validate_assignment=True)
+_U64_MAX = 2**64 - 1  # the original's usize (u64 on 64-bit)
 
 
 # ---- Semantic ------------------------------------------------------------------------------
@@ -297,7 +298,7 @@ class MemoryNote(BaseModel):
     tags: list[str] = Field(description="Tags (embedded and mean-pooled into the tag vector).")
     retrieval_count: int = Field(
         ge=0,
-        le=2**64 - 1,
+        le=_U64_MAX,
         description="How often the note was retrieved (the original's usize: u64 on 64-bit).",
     )
     create_time: Timestamp = Field(description="Creation time (aware UTC, RFC 3339 in JSON).")
@@ -326,10 +327,21 @@ class MemoryNote(BaseModel):
         return builder.build()
 
     # -- behaviour ------------------------------------------------------------------------
-    def retrieval_increment(self) -> None:
-        """Adds 1 to ``retrieval_count`` and sets ``last_accessed_time`` to now."""
-        self.retrieval_count += 1
-        self.last_accessed_time = Timestamp.now()
+    def retrieval_increment(self, *, now: datetime | None = None) -> None:
+        """Adds 1 to ``retrieval_count`` and sets ``last_accessed_time`` to ``now`` (an aware
+        datetime; default: the current time).
+
+        Both values are valid by construction (a count below the u64 bound, an aware UTC
+        ``Timestamp``), so they are written without pydantic's assignment validation — the
+        retrieval pipeline touches every returned note of a batch through here."""
+        count = self.retrieval_count + 1
+        if count > _U64_MAX:
+            self.retrieval_count = count  # the field's own error
+        when = Timestamp.now() if now is None else Timestamp.from_datetime(now)
+        fields = self.__dict__
+        fields["retrieval_count"] = count
+        fields["last_accessed_time"] = when
+        self.__pydantic_fields_set__.update(("retrieval_count", "last_accessed_time"))
 
     @property
     def kind(self) -> str:

@@ -71,7 +71,8 @@ class Record(BaseModel):
         return cls(memory_id=memory_id, first_access_time=now, last_access_time=now)
 
     def record_retrieval(self, *, now: Timestamp | None = None) -> None:
-        """Adds 1 to ``retrieval_count`` and sets ``last_access_time``."""
+        """Adds 1 to ``retrieval_count`` and sets ``last_access_time`` (``now``: an aware
+        datetime; default: the current time)."""
         self.retrieval_count += 1
         self.last_access_time = Timestamp.now() if now is None else Timestamp.from_datetime(now)
 

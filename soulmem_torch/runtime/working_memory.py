@@ -176,15 +176,17 @@ class WorkingMemory:
         for mid in ids:
             if not isinstance(mid, MemoryId):
                 raise ValidationError(f"ids: expected MemoryId values, found {type(mid).__name__}")
+        now = Timestamp.now()  # the retrievals counted by one call share its time
+        records, get = self.records, self.cluster.get
         for mid in ids:
-            record = self.records.get(mid)
+            record = records.get(mid)
             if record is None:
-                record = self.records[mid] = Record.new(mid)
-            record.record_retrieval()
+                record = records[mid] = Record.new(mid, now=now)
+            record.record_retrieval(now=now)
             if touch_notes:
-                item = self.cluster.get(mid)
+                item = get(mid)
                 if item is not None:
-                    item.note.retrieval_increment()
+                    item.note.retrieval_increment(now=now)
                     if mark_changed:
                         self.cluster.mark_changed(mid)
         if ids:

@@ -676,7 +676,7 @@ def test_compact_cosines_equal_the_dense_layouts_matmuls(device: torch.device) -
     qm = batch.field_mask & batch.unit_mask.unsqueeze(-1)
     sel = torch.arange(0, 25, 2, device=device)
     for rows in (torch.arange(6, device=device), torch.tensor([4], device=device)):
-        qs = fsim._QueryFields(batch.field, rows, qm[rows])
+        qs = fsim.QueryFields(batch.field, rows, qm[rows])
         cos = fsim._single_cos(qs, side, sel)
         for qi, q_name in enumerate(QUERY_FIELD_NAMES):
             for j, f_name in enumerate(FIELD_NAMES):
