@@ -29,7 +29,12 @@ from soulmem_torch.functional.codes import (
     NODE_SEMANTIC,
     NODE_SPECIFIC,
 )
-from soulmem_torch.functional.similarity import BlendWeights, QueryFields, normalize_rows
+from soulmem_torch.functional.similarity import (
+    BlendWeights,
+    QueryFields,
+    normalize_rows,
+    row_dots,
+)
 
 __all__ = [
     "UnionSnapshot",
@@ -536,8 +541,8 @@ def _candidate_cos(notes: Any, qs: Any, fidx: Tensor) -> Any:
         qf = qs.slice(QUERY_FIELD_INDEX[q_name])
         if qf is None:
             return fidx.new_zeros((s, u, m), dtype=torch.float32)
-        rows = notes.rows.index_select(0, fidx[:, :, FIELD_INDEX[f_name]].reshape(-1))
-        return torch.bmm(qf, rows.view(s, m, -1).transpose(1, 2))
+        cols = fidx[:, :, FIELD_INDEX[f_name]].unsqueeze(1).expand(s, u, m).reshape(s * u, m)
+        return row_dots(qf.reshape(s * u, -1), notes.rows, cols).view(s, u, m)
 
     return cos
 
@@ -562,8 +567,9 @@ def structured_similarity(
 
     The rules of :func:`soulmem_torch.functional.similarity.embedding_scores` evaluated on
     padded candidate rows of the compact note side (``union.notes``), never on a ``B × N``
-    matrix: for each note field the rules read, the candidates' rows of that field are
-    gathered (``(c, M, D)``, never a dense ``(M, F, D)`` block) and matched by one ``bmm``.
+    matrix: for each note field the rules read, one sampled product of the queries' field
+    with the candidates' rows of that field (:func:`~soulmem_torch.functional.similarity.row_dots`:
+    read in place, never gathered as ``(c, M, D)``), the same for the tags.
     """
     from soulmem_torch.embedding.fields import QUERY_SEMANTIC, QUERY_SITUATION
     from soulmem_torch.functional import similarity as fsim
@@ -581,9 +587,9 @@ def structured_similarity(
     kind = q.kind.to(device)
     qtag = normalize_rows(q.tag)
     q_zero = ~(q.tag != 0).any(dim=-1)
-    d = int(notes.rows.shape[1])
-    # gathered per query at a time: its candidates' tags and one field's rows (a few fields)
-    for sl in _chunks(b, 4 * m * d):
+    # per query: its candidates' (M, F) row numbers and masks, and ~16 (U, M) cosine planes
+    u = int(q.field.shape[1])
+    for sl in _chunks(b, m * (2 * int(notes.index.shape[1]) + 16 * max(u, 1))):
         ix = idx[sl]
         ntype = union.node_type[ix]
         fidx = notes.index[ix]  # (c, M, F) union rows
@@ -609,7 +615,7 @@ def structured_similarity(
             )  # fmt: skip
             is_sit = (nt_sit == NODE_SPECIFIC) | (nt_sit == NODE_ABSTRACT)
             variant[sit] = torch.where(is_sit, v, 0.0)
-        tag_cos = torch.bmm(notes.tag[ix], qtag[sl].unsqueeze(-1)).squeeze(-1)
+        tag_cos = row_dots(qtag[sl], notes.tag, ix)
         no_tag = q_zero[sl].unsqueeze(1) | notes.no_tag[ix]
         score = torch.where(no_tag, variant, w.tag * tag_cos + w.variant * variant)
         has_emb = notes.has_emb[ix]

@@ -24,6 +24,7 @@ from soulmem_torch.embedding import (
     string_scores,
 )
 from soulmem_torch.errors import ValidationError
+from soulmem_torch.functional import similarity as fsim
 from soulmem_torch.functional.codes import (
     NODE_ABSTRACT,
     NODE_PROCEDURE,
@@ -687,3 +688,24 @@ def test_compact_cosines_equal_the_dense_layouts_matmuls(device: torch.device) -
                     else torch.matmul(q, dense[sel][:, j].T)
                 )
                 assert torch.equal(cos(q_name, f_name), want), (q_name, f_name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_dots_equals_gathered_rows(device, dtype) -> None:
+    """``row_dots`` against the gather + ``bmm`` it replaces: repeated, unsorted columns (the
+    zero row of absent fields), every width; empty shapes give empty results."""
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(50, 33, generator=g, dtype=dtype)
+    table[0] = 0.0
+    a = torch.randn(7, 33, generator=g, dtype=dtype)
+    cols = torch.randint(0, 50, (7, 11), generator=g)
+    cols[:, ::3] = 0
+    cols[2] = cols[2].flip(0)
+    want = torch.bmm(table[cols], a.unsqueeze(-1)).squeeze(-1)
+    got = fsim.row_dots(a.to(device), table.to(device), cols.to(device))
+    assert got.shape == (7, 11) and got.dtype == dtype and got.device.type == device.type
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert torch.allclose(got.cpu(), want, atol=tol, rtol=0)
+    assert bool((got.cpu()[cols == 0] == 0).all())  # the zero row
+    assert fsim.row_dots(a[:0], table, cols[:0]).shape == (0, 11)
+    assert fsim.row_dots(a, table, cols[:, :0]).shape == (7, 0)
