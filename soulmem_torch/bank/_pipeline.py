@@ -125,26 +125,27 @@ def _string_channel(
     weights: Any,
     m: int,
 ) -> Tensor | None:
-    """The exact-identifier channel, per agent of the batch (string matching is CPU work on
-    the agent's identifier index, as in the retrieve layer); ``None`` when no agent has notes."""
-    from soulmem_torch.embedding.identifiers import string_scores
-    from soulmem_torch.retrieve.similarity import identifier_index
+    """The exact-identifier channel: each query against its agent's identifier index (cached
+    on the agent's snapshot), every query of the batch in one pass
+    (``string_scores_segments``); ``None`` when no agent has notes."""
+    from soulmem_torch.embedding.identifiers import string_scores_segments
+    from soulmem_torch.retrieve.similarity import identifier_columns
 
-    groups: dict[int, list[int]] = {}
-    for b, (p, mem) in enumerate(zip(positions, memories)):
-        if mem is not None:
-            groups.setdefault(p, []).append(b)
-    if not groups:
-        return None
-    out = torch.zeros(len(queries), m, dtype=torch.float32, device=union.device)
-    for p, rows in groups.items():
-        graph = union.graphs[p]
-        index = identifier_index(graph, memories[rows[0]])
-        if index is None:
+    slots: dict[int, int] = {}
+    columns: list[Any] = []
+    owners: list[int] = []
+    for p, mem in zip(positions, memories):
+        if mem is None:
+            owners.append(-1)
             continue
-        s = string_scores([queries[b] for b in rows], index, weights=weights, device=union.device)
-        out[torch.tensor(rows, device=union.device), : s.shape[1]] = s
-    return out
+        slot = slots.get(p)
+        if slot is None:
+            slot = slots[p] = len(columns)
+            columns.append(identifier_columns(union.graphs[p], mem))
+        owners.append(slot if columns[slot] is not None else -1)
+    if not slots:
+        return None
+    return string_scores_segments(queries, columns, owners, m, weights=weights, device=union.device)
 
 
 def _text_channel(

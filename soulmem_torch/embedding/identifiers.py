@@ -20,9 +20,11 @@ from soulmem_torch.embedding.query_embedding import as_query
 from soulmem_torch.errors import ValidationError
 from soulmem_torch.functional.similarity import BlendWeights
 from soulmem_torch.functional.string_sim import (
+    IdentifierColumns,
     IdentifierIndex,
     QueryIdentifiers,
     string_channel_scores,
+    string_channel_scores_segments,
 )
 from soulmem_torch.model import (
     AbstractSituation,
@@ -35,7 +37,12 @@ from soulmem_torch.model import (
 )
 from soulmem_torch.model.query import MemoryRetrieveQuery, SemanticQuery
 
-__all__ = ["build_identifier_index", "query_identifiers", "string_scores"]
+__all__ = [
+    "build_identifier_index",
+    "query_identifiers",
+    "string_scores",
+    "string_scores_segments",
+]
 
 
 def build_identifier_index(notes: Sequence[MemoryNote | EmbeddedMemoryNote]) -> IdentifierIndex:
@@ -115,3 +122,31 @@ def string_scores(
         ),
         device=device,
     )
+
+
+def string_scores_segments(
+    queries: Sequence[Any],
+    columns: Sequence[IdentifierColumns | None],
+    owners: Sequence[int],
+    num_notes: int,
+    *,
+    weights: BlendWeights | None = None,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """:func:`string_scores` of each query against its own notes' index, all in one pass:
+    (B, num_notes) float32, query ``b`` against ``columns[owners[b]]`` (an
+    :class:`~soulmem_torch.functional.string_sim.IdentifierColumns`; ``owners[b] < 0``: a
+    zero row). The bank's exact-identifier channel (one index per agent)."""
+    w = weights if weights is not None else BlendWeights()
+    idents = [
+        query_identifiers(as_query(q, i)) if o >= 0 else None
+        for i, (q, o) in enumerate(zip(queries, owners))
+    ]
+    return string_channel_scores_segments(
+        columns, owners, idents, num_notes,
+        event_weights=(
+            w.sit_event_initiator, w.sit_event_target, w.sit_event_action,
+            w.sit_event_initiator_only_action, w.sit_event_target_only_action,
+        ),
+        device=device,
+    )  # fmt: skip

@@ -40,12 +40,14 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "IdentifierColumns",
     "IdentifierIndex",
     "QueryIdentifiers",
     "jaro_similarity",
     "jaro_winkler_similarity",
     "normalized_levenshtein_similarity",
     "string_channel_scores",
+    "string_channel_scores_segments",
     "string_distance_matrix",
     "string_distance_score",
     "string_distance_score_reference",
@@ -363,3 +365,177 @@ def _event_scores(
     per_note.scatter_reduce_(0, q_idx.unsqueeze(1).expand_as(score), score, "amax")
     notes = torch.tensor(index.event_notes, dtype=torch.long, device=device)
     out.scatter_reduce_(1, notes.unsqueeze(0).expand_as(per_note), per_note, "amax")
+
+
+# -------------------------------------------------------------------------------------------
+# many indexes at once: each query against its own index (the bank's segments)
+# -------------------------------------------------------------------------------------------
+_KINDS = ("semantic", "location", "participant", "environment")
+
+
+@dataclass(frozen=True)
+class IdentifierColumns:
+    """One :class:`IdentifierIndex` as flat arrays (see :meth:`of`): per kind, the member
+    strings (an object array, in member order), the note of each member and its count;
+    for events, the ``(action, initiator, target)`` strings of each event leaf and its note.
+    Concatenating several agents' columns is a few ``numpy`` calls."""
+
+    strings: dict[str, np.ndarray]
+    notes: dict[str, np.ndarray]
+    event_strings: np.ndarray  # (E, 3) object
+    event_notes: np.ndarray  # (E,) int64
+
+    @classmethod
+    def of(cls, index: IdentifierIndex) -> IdentifierColumns:
+        strings, notes = {}, {}
+        for kind in _KINDS:
+            members: _Members = getattr(index, kind)
+            items = _objects(members.strings.items)
+            strings[kind] = items[np.asarray(members.refs, dtype=np.int64)]
+            notes[kind] = np.asarray(members.notes, dtype=np.int64)
+        ev = _objects(index.event_strings.items)
+        refs = np.asarray(index.event_refs, dtype=np.int64).reshape(-1, 3)
+        return cls(strings, notes, ev[refs], np.asarray(index.event_notes, dtype=np.int64))
+
+
+def _objects(items: Sequence[str]) -> np.ndarray:
+    """A 1-D object array of strings (``np.array`` would make a ``<U`` array or, for equal
+    tuples, a 2-D one)."""
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+def _pair_sds(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``sds(a[i], b[i])`` of paired strings (rapidfuzz's pairwise ``cpdist``): (P,) float32,
+    the values :func:`string_distance_matrix` gives those pairs."""
+    if a.size == 0:
+        return np.zeros(0, dtype=np.float32)
+    from rapidfuzz import process
+    from rapidfuzz.distance import JaroWinkler, Levenshtein
+
+    al, bl = a.tolist(), b.tolist()
+    jw = process.cpdist(al, bl, scorer=JaroWinkler.similarity, dtype=np.float64)
+    lev = process.cpdist(al, bl, scorer=Levenshtein.normalized_similarity, dtype=np.float64)
+    out = np.maximum(jw.astype(np.float32), lev.astype(np.float32))
+    a_empty = np.fromiter((len(s) == 0 for s in al), dtype=bool, count=len(al))
+    b_empty = np.fromiter((len(s) == 0 for s in bl), dtype=bool, count=len(bl))
+    out[a_empty ^ b_empty] = 0.0
+    out[a_empty & b_empty] = 1.0
+    return out
+
+
+def _ragged(owner_rows: np.ndarray, ptr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows owned by segments ``owner_rows``: every (row, member) pair, ``member`` running
+    over ``ptr[o]:ptr[o + 1]`` of the row's segment — as two flat arrays (no Python loop)."""
+    start, stop = ptr[owner_rows], ptr[owner_rows + 1]
+    counts = stop - start
+    rows = np.repeat(np.arange(owner_rows.size, dtype=np.int64), counts)
+    first = np.repeat(start - (np.cumsum(counts) - counts), counts)
+    return rows, first + np.arange(int(counts.sum()), dtype=np.int64)
+
+
+def string_channel_scores_segments(
+    columns: Sequence[IdentifierColumns | None],
+    owners: Sequence[int],
+    queries: Sequence[QueryIdentifiers | None],
+    num_notes: int,
+    *,
+    event_weights: tuple[float, float, float, float, float] = (0.3, 0.3, 0.4, 0.6, 0.6),
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """:func:`string_channel_scores` of each query against its own index, every query of
+    the batch in one pass: (B, num_notes) float32, row ``b`` scored against
+    ``columns[owners[b]]`` (its note numbers are columns; ``owners[b] < 0`` or a ``None``
+    query: a zero row). Only the (query string, identifier) pairs of a query's own index are
+    compared (pairwise, ``rapidfuzz.process.cpdist``), never every string against every
+    index; the values equal the per-index function's."""
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    bsz = len(queries)
+    out = torch.zeros(bsz, num_notes, dtype=torch.float32, device=dev)
+    if bsz == 0 or num_notes == 0:
+        return out
+    segs = [c if c is not None else _EMPTY_COLUMNS for c in columns]
+    pos = {kind: _ptr([len(c.notes[kind]) for c in segs]) for kind in _KINDS}
+    pos["events"] = _ptr([len(c.event_notes) for c in segs])
+    flat = np.full(bsz * num_notes, -np.inf, dtype=np.float32)
+
+    def pool(kind: str, per_query: Sequence[Sequence[str]]) -> None:
+        qb, qs, qo = _query_rows(per_query, owners)
+        if not qb.size:
+            return
+        rows, member = _ragged(qo, pos[kind])
+        if not member.size:
+            return
+        strings = np.concatenate([c.strings[kind] for c in segs])
+        notes = np.concatenate([c.notes[kind] for c in segs])
+        sds = _pair_sds(qs[rows], strings[member])
+        np.maximum.at(flat, qb[rows] * num_notes + notes[member], sds)
+
+    sit = [q is not None and not q.semantic for q in queries]
+    pool("semantic", [q.concepts if q is not None and q.semantic else [] for q in queries])
+    pool("location", [q.locations if s else [] for q, s in zip(queries, sit)])
+    pool("participant", [q.participants if s else [] for q, s in zip(queries, sit)])
+    pool("environment", [q.atmospheres if s else [] for q, s in zip(queries, sit)])
+    _event_segments(flat, segs, pos["events"], owners, queries, sit, num_notes, event_weights)
+    scores = torch.from_numpy(np.maximum(flat, 0.0).reshape(bsz, num_notes))
+    return out.copy_(scores)
+
+
+_EMPTY_COLUMNS = IdentifierColumns.of(IdentifierIndex())
+
+
+def _ptr(sizes: Sequence[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))]).astype(np.int64)
+
+
+def _query_rows(
+    per_query: Sequence[Sequence[str]], owners: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query, string, owner) of every string of every owned query, as flat arrays."""
+    counts = np.fromiter(
+        (len(s) if o >= 0 else 0 for s, o in zip(per_query, owners)), dtype=np.int64,
+        count=len(per_query),
+    )  # fmt: skip
+    qb = np.repeat(np.arange(len(per_query), dtype=np.int64), counts)
+    qs = _objects([s for strings, o in zip(per_query, owners) if o >= 0 for s in strings])
+    return qb, qs, np.asarray(owners, dtype=np.int64)[qb] if qb.size else qb
+
+
+def _event_segments(
+    flat: np.ndarray,
+    segs: Sequence[IdentifierColumns],
+    ptr: np.ndarray,
+    owners: Sequence[int],
+    queries: Sequence[QueryIdentifiers | None],
+    sit: Sequence[bool],
+    num_notes: int,
+    weights: tuple[float, float, float, float, float],
+) -> None:
+    """The event leaves' scores (as :func:`_event_scores`), every query against its index."""
+    events = [(q.events if s and o >= 0 else []) for q, s, o in zip(queries, sit, owners)]
+    counts = np.fromiter((len(e) for e in events), dtype=np.int64, count=len(events))
+    if not counts.any():
+        return
+    qb = np.repeat(np.arange(len(events), dtype=np.int64), counts)
+    ev = [e for evs in events for e in evs]
+    q_str = _objects([s for a, i, t in ev for s in (a, i or "", t or "")]).reshape(-1, 3)
+    has = np.array([(i is not None, t is not None) for _, i, t in ev], dtype=bool).reshape(-1, 2)
+    rows, member = _ragged(np.asarray(owners, dtype=np.int64)[qb], ptr)
+    if not member.size:
+        return
+    n_str = np.concatenate([c.event_strings for c in segs]).reshape(-1, 3)
+    n_notes = np.concatenate([c.event_notes for c in segs])
+    action, initiator, target = (_pair_sds(q_str[rows, k], n_str[member, k]) for k in range(3))
+    h_i, h_t = has[rows, 0], has[rows, 1]
+    initiator = np.where(h_i, initiator, np.float32(0.0))
+    target = np.where(h_t, target, np.float32(0.0))
+    t = torch.from_numpy
+    a_, i_, t_ = t(action), t(initiator), t(target)  # float32 arithmetic as _event_scores'
+    w_i, w_t, w_a, a_i, a_t = (_f32(w) for w in weights)
+    both = w_i * i_ + w_t * t_ + w_a * a_
+    only_i = _f32(1.0 - a_i) * i_ + a_i * a_
+    only_t = _f32(1.0 - a_t) * t_ + a_t * a_
+    hi, ht = t(h_i), t(h_t)
+    score = torch.where(hi & ht, both, torch.where(hi, only_i, torch.where(ht, only_t, a_)))
+    np.maximum.at(flat, qb[rows] * num_notes + n_notes[member], score.numpy())

@@ -49,6 +49,20 @@ def identifier_index(graph: MemoryGraph, memory: MemorySource) -> Any:
     return graph.cache[key]
 
 
+def identifier_columns(graph: MemoryGraph, memory: MemorySource) -> Any:
+    """:func:`identifier_index` as flat arrays (``IdentifierColumns``), cached beside it
+    (None without notes)."""
+    key = "identifier_columns"
+    if key not in graph.cache:
+        index = identifier_index(graph, memory)
+        if index is None:
+            return None
+        from soulmem_torch.functional.string_sim import IdentifierColumns
+
+        graph.cache[key] = IdentifierColumns.of(index)
+    return graph.cache[key]
+
+
 def is_plain_query(query: Any) -> bool:
     """A plain query (a ``(D,)`` tensor or a text) rather than a structured one."""
     return isinstance(query, (Tensor, str))

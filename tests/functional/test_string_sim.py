@@ -215,3 +215,29 @@ def test_channel_empty_inputs() -> None:
     assert s.tolist() == [[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]]
     assert string_scores([], notes).shape == (0, 2)
     assert string_scores(queries, []).shape == (3, 0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_segments_equal_one_index_at_a_time(seed: int, device: torch.device) -> None:
+    """``string_scores_segments``: each query against its own index, all in one pass, equals
+    ``string_scores`` per index bit for bit (owners repeat, an index may be empty, owner -1
+    gives a zero row); wider than an index, the extra columns are zeros."""
+    from soulmem_torch.embedding.identifiers import string_scores_segments
+    from soulmem_torch.functional.string_sim import IdentifierColumns
+
+    rng = np.random.default_rng(seed)
+    sizes = [int(rng.integers(0, 25)) for _ in range(5)] + [0]
+    indexes = [build_identifier_index([random_note(rng) for _ in range(n)]) for n in sizes]
+    queries = [random_query(rng) for _ in range(40)]
+    owners = [int(rng.integers(-1, len(sizes))) for _ in queries]
+    m = max(sizes) + 3
+    columns = [IdentifierColumns.of(ix) for ix in indexes]
+    columns[2] = None  # an agent without an index
+    got = string_scores_segments(queries, columns, owners, m, device=device)
+    assert got.shape == (40, m) and got.device.type == device.type
+    for b, (q, o) in enumerate(zip(queries, owners)):
+        want = torch.zeros(m)
+        if o >= 0 and columns[o] is not None:
+            want[: sizes[o]] = string_scores([q], indexes[o])[0]
+        assert torch.equal(got[b].cpu(), want), (b, o)
+    assert string_scores_segments([], columns, [], m).shape == (0, m)
