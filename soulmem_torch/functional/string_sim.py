@@ -376,26 +376,36 @@ _KINDS = ("semantic", "location", "participant", "environment")
 @dataclass(frozen=True)
 class IdentifierColumns:
     """One :class:`IdentifierIndex` as flat arrays (see :meth:`of`): per kind, the member
-    strings (an object array, in member order), the note of each member and its count;
-    for events, the ``(action, initiator, target)`` strings of each event leaf and its note.
-    Concatenating several agents' columns is a few ``numpy`` calls."""
+    strings (an object array, in member order), whether each is empty, and its note; for
+    events, the ``(action, initiator, target)`` strings of each event leaf, their emptiness
+    and its note. Concatenating several agents' columns is a few ``numpy`` calls."""
 
     strings: dict[str, np.ndarray]
+    empty: dict[str, np.ndarray]
     notes: dict[str, np.ndarray]
     event_strings: np.ndarray  # (E, 3) object
+    event_empty: np.ndarray  # (E, 3) bool
     event_notes: np.ndarray  # (E,) int64
 
     @classmethod
     def of(cls, index: IdentifierIndex) -> IdentifierColumns:
-        strings, notes = {}, {}
+        strings, empty, notes = {}, {}, {}
         for kind in _KINDS:
             members: _Members = getattr(index, kind)
-            items = _objects(members.strings.items)
-            strings[kind] = items[np.asarray(members.refs, dtype=np.int64)]
+            refs = np.asarray(members.refs, dtype=np.int64)
+            strings[kind] = _objects(members.strings.items)[refs]
+            empty[kind] = _empties(members.strings.items)[refs]
             notes[kind] = np.asarray(members.notes, dtype=np.int64)
-        ev = _objects(index.event_strings.items)
         refs = np.asarray(index.event_refs, dtype=np.int64).reshape(-1, 3)
-        return cls(strings, notes, ev[refs], np.asarray(index.event_notes, dtype=np.int64))
+        items = index.event_strings.items
+        return cls(
+            strings, empty, notes, _objects(items)[refs], _empties(items)[refs],
+            np.asarray(index.event_notes, dtype=np.int64),
+        )  # fmt: skip
+
+
+def _empties(items: Sequence[str]) -> np.ndarray:
+    return np.fromiter((not s for s in items), dtype=bool, count=len(items))
 
 
 def _objects(items: Sequence[str]) -> np.ndarray:
@@ -406,9 +416,10 @@ def _objects(items: Sequence[str]) -> np.ndarray:
     return out
 
 
-def _pair_sds(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``sds(a[i], b[i])`` of paired strings (rapidfuzz's pairwise ``cpdist``): (P,) float32,
-    the values :func:`string_distance_matrix` gives those pairs."""
+def _pair_sds(a: np.ndarray, b: np.ndarray, a_empty: np.ndarray, b_empty: np.ndarray) -> np.ndarray:
+    """``sds(a[i], b[i])`` of paired strings (rapidfuzz's pairwise ``cpdist``; ``*_empty``:
+    which strings are empty): (P,) float32, the values :func:`string_distance_matrix` gives
+    those pairs."""
     if a.size == 0:
         return np.zeros(0, dtype=np.float32)
     from rapidfuzz import process
@@ -418,8 +429,6 @@ def _pair_sds(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     jw = process.cpdist(al, bl, scorer=JaroWinkler.similarity, dtype=np.float64)
     lev = process.cpdist(al, bl, scorer=Levenshtein.normalized_similarity, dtype=np.float64)
     out = np.maximum(jw.astype(np.float32), lev.astype(np.float32))
-    a_empty = np.fromiter((len(s) == 0 for s in al), dtype=bool, count=len(al))
-    b_empty = np.fromiter((len(s) == 0 for s in bl), dtype=bool, count=len(bl))
     out[a_empty ^ b_empty] = 0.0
     out[a_empty & b_empty] = 1.0
     return out
@@ -468,8 +477,10 @@ def string_channel_scores_segments(
         if not member.size:
             return
         strings = np.concatenate([c.strings[kind] for c in segs])
+        empty = np.concatenate([c.empty[kind] for c in segs])
         notes = np.concatenate([c.notes[kind] for c in segs])
-        sds = _pair_sds(qs[rows], strings[member])
+        q_empty = _empties(qs.tolist())
+        sds = _pair_sds(qs[rows], strings[member], q_empty[rows], empty[member])
         np.maximum.at(flat, qb[rows] * num_notes + notes[member], sds)
 
     sit = [q is not None and not q.semantic for q in queries]
@@ -525,8 +536,13 @@ def _event_segments(
     if not member.size:
         return
     n_str = np.concatenate([c.event_strings for c in segs]).reshape(-1, 3)
+    n_empty = np.concatenate([c.event_empty for c in segs]).reshape(-1, 3)
     n_notes = np.concatenate([c.event_notes for c in segs])
-    action, initiator, target = (_pair_sds(q_str[rows, k], n_str[member, k]) for k in range(3))
+    q_empty = _empties(q_str.reshape(-1).tolist()).reshape(-1, 3)
+    action, initiator, target = (
+        _pair_sds(q_str[rows, k], n_str[member, k], q_empty[rows, k], n_empty[member, k])
+        for k in range(3)
+    )
     h_i, h_t = has[rows, 0], has[rows, 1]
     initiator = np.where(h_i, initiator, np.float32(0.0))
     target = np.where(h_t, target, np.float32(0.0))
