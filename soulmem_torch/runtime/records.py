@@ -73,8 +73,11 @@ class Record(BaseModel):
     def record_retrieval(self, *, now: Timestamp | None = None) -> None:
         """Adds 1 to ``retrieval_count`` and sets ``last_access_time`` (``now``: an aware
         datetime; default: the current time)."""
-        self.retrieval_count += 1
-        self.last_access_time = Timestamp.now() if now is None else Timestamp.from_datetime(now)
+        when = Timestamp.now() if now is None else Timestamp.from_datetime(now)
+        fields = self.__dict__  # both valid by construction: no per-field __setattr__
+        fields["retrieval_count"] = self.retrieval_count + 1
+        fields["last_access_time"] = when
+        self.__pydantic_fields_set__.update(("retrieval_count", "last_access_time"))
 
     def add_feedback(self, feedback: Feedback | str, *, now: Timestamp | None = None) -> None:
         """Appends ``feedback`` to the history and adds its score (+1 / -1 / 0)."""
