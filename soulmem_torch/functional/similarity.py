@@ -189,12 +189,14 @@ def row_dots(a: Tensor, table: Tensor, cols: Tensor) -> Tensor:
     """``out[r, k] = a[r] · table[cols[r, k]]``: (R, K), without gathering the ``(R, K, D)``
     rows of ``table``.
 
-    One sampled dense-dense product (``torch.sparse.sampled_addmm``: ``a @ table.T`` computed
-    only at the ``R × K`` sampled entries, each a dot product that reads the row of ``table``
-    in place); columns may repeat and need not be sorted. On the CPU this is ~7-10x a
-    gather + ``bmm`` at ``D = 1024``: the gathered copy, not the arithmetic, was the cost.
-    The dot products are summed in the kernel's own order, so the results can differ from
-    a ``matmul``'s in the last bits (float32: ~1e-7 on unit vectors).
+    On the CPU, one sampled dense-dense product (``torch.sparse.sampled_addmm``: ``a @
+    table.T`` computed only at the ``R × K`` sampled entries, each a dot product that reads
+    the row of ``table`` in place; columns may repeat and need not be sorted): ~7-10x a
+    gather + ``bmm`` at ``D = 1024``, where the gathered copy, not the arithmetic, was the
+    cost. Its dot products are summed in the kernel's own order, so the results can differ
+    from a ``matmul``'s in the last bits (float32: ~1e-7 on unit vectors). On other devices
+    (cuSPARSE's SDDMM wants sorted, distinct columns; a GPU gathers at memory speed) the
+    gather + ``bmm``.
 
     Args:
         a: (R, D) float32 or float64.
@@ -204,6 +206,8 @@ def row_dots(a: Tensor, table: Tensor, cols: Tensor) -> Tensor:
     r, k = int(cols.shape[0]), int(cols.shape[1])
     if r == 0 or k == 0 or a.shape[1] == 0:
         return a.new_zeros(r, k)
+    if a.device.type != "cpu":
+        return torch.bmm(table[cols], a.unsqueeze(-1)).squeeze(-1)
     crow = torch.arange(0, r * k + 1, k, dtype=torch.int64, device=a.device)
     with warnings.catch_warnings():  # "sparse CSR support is in beta": the op is documented
         warnings.simplefilter("ignore", UserWarning)
