@@ -481,7 +481,7 @@ def string_channel_scores_segments(
         notes = np.concatenate([c.notes[kind] for c in segs])
         q_empty = _empties(qs.tolist())
         sds = _pair_sds(qs[rows], strings[member], q_empty[rows], empty[member])
-        np.maximum.at(flat, qb[rows] * num_notes + notes[member], sds)
+        np.maximum.at(flat, qb[rows] * num_notes + _within(notes[member], num_notes), sds)
 
     sit = [q is not None and not q.semantic for q in queries]
     pool("semantic", [q.concepts if q is not None and q.semantic else [] for q in queries])
@@ -494,6 +494,17 @@ def string_channel_scores_segments(
 
 
 _EMPTY_COLUMNS = IdentifierColumns.of(IdentifierIndex())
+
+
+def _within(notes: np.ndarray, num_notes: int) -> np.ndarray:
+    if notes.size and int(notes.max()) >= num_notes:
+        from soulmem_torch.errors import ValidationError
+
+        raise ValidationError(
+            f"num_notes: expected more than every indexed note number, found note "
+            f"{int(notes.max())} with num_notes={num_notes}"
+        )
+    return notes
 
 
 def _ptr(sizes: Sequence[int]) -> np.ndarray:
@@ -554,4 +565,4 @@ def _event_segments(
     only_t = _f32(1.0 - a_t) * t_ + a_t * a_
     hi, ht = t(h_i), t(h_t)
     score = torch.where(hi & ht, both, torch.where(hi, only_i, torch.where(ht, only_t, a_)))
-    np.maximum.at(flat, qb[rows] * num_notes + n_notes[member], score.numpy())
+    np.maximum.at(flat, qb[rows] * num_notes + _within(n_notes[member], num_notes), score.numpy())

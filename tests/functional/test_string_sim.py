@@ -241,3 +241,17 @@ def test_segments_equal_one_index_at_a_time(seed: int, device: torch.device) -> 
             want[: sizes[o]] = string_scores([q], indexes[o])[0]
         assert torch.equal(got[b].cpu(), want), (b, o)
     assert string_scores_segments([], columns, [], m).shape == (0, m)
+
+
+def test_segments_refuse_notes_past_the_width() -> None:
+    from soulmem_torch.embedding.identifiers import string_scores_segments
+    from soulmem_torch.errors import ValidationError
+    from soulmem_torch.functional.string_sim import IdentifierColumns
+
+    notes = [_sem("tea", []), _sem("coffee", [])]
+    columns = [IdentifierColumns.of(build_identifier_index(notes))]
+    query = MemoryRetrieveQuery.semantic([{"concept_identifier": "tea"}])
+    want = string_scores([query], notes)
+    assert torch.equal(string_scores_segments([query], columns, [0], 2), want)
+    with pytest.raises(ValidationError, match="num_notes"):
+        string_scores_segments([query], columns, [0], 1)
