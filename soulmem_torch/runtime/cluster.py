@@ -505,20 +505,7 @@ class MemoryCluster:
                 raise
             _raise_non_finite(checked)
 
-            added: list[bool] = []
-            changed = False
-            for note, emb in prepared:
-                if note.id in self._nodes:
-                    added.append(False)
-                    if not links_after_nodes:
-                        changed |= self._merge_duplicate(note)
-                    continue
-                self._insert_node(note, emb)
-                added.append(True)
-                changed = True
-                if not links_after_nodes:
-                    for link in note.mem_links:
-                        self._merge_link(note.id, link)
+            added, changed = self._insert_all(prepared, links_after_nodes)
             if links_after_nodes:
                 for (note, _), is_new in zip(prepared, added):
                     if is_new:
@@ -529,6 +516,69 @@ class MemoryCluster:
             if changed:
                 self._touch()
             return added
+
+    def _insert_all(
+        self, prepared: Sequence[tuple[MemoryNote, MemoryEmbedding | None]], links_after_nodes: bool
+    ) -> tuple[list[bool], bool]:
+        """Inserts validated notes one after the other: :meth:`_insert_node` then (unless
+        ``links_after_nodes``) :meth:`_merge_link` of each out-link, or :meth:`_merge_duplicate`
+        for a present id — the same steps in the same order, inlined (a store's load inserts
+        every note here: ~2× faster than the method calls). Returns ``(added, changed)``."""
+        nodes, index, links = self._nodes, self._index, self._links
+        out, into, pending = self._out, self._in, self._pending
+        node_type, new_edge, edge_type = EmbeddedMemoryNote, _new_object, GraphMemoryLink
+        merge_links = not links_after_nodes
+        added: list[bool] = []
+        changed = False
+        num_embedded, dim = self._num_embedded, self._dim
+        for note, emb in prepared:
+            nid = note.id
+            if nid in nodes:
+                added.append(False)
+                if merge_links:
+                    changed |= self._merge_duplicate(note)
+                continue
+            changed = True
+            nodes[nid] = node_type(note, emb)
+            if index is not None:
+                index[nid] = len(index)
+            if emb is not None:
+                num_embedded += 1
+                dim = int(emb.tag.shape[-1])
+            parked = pending.pop(nid, None)
+            if parked:  # the links parked for it, in parking order (_materialize_pending)
+                for source, link in parked:
+                    lid = link.id
+                    if source in nodes and lid not in links:
+                        self._materialize(source, link)
+            added.append(True)
+            if not merge_links:
+                continue
+            for link in note.mem_links:  # _merge_link, inlined
+                lid = link.id
+                if lid in links:
+                    continue
+                to = link.to
+                if to in nodes:  # _materialize, inlined
+                    edge = new_edge(edge_type)  # GraphMemoryLink(...) without its __init__
+                    edge.__dict__.update(id=lid, from_=nid, to=to, link_type=link.link_type,
+                                         intensity=float(link.intensity))  # fmt: skip
+                    links[lid] = edge
+                    targets = out.get(nid)
+                    if targets is None:
+                        targets = out[nid] = {}
+                    targets[lid] = None
+                    sources = into.get(to)
+                    if sources is None:
+                        sources = into[to] = {}
+                    sources[lid] = None
+                    continue
+                entries = pending.setdefault(to, [])
+                if any(s == nid and lk.id == lid for s, lk in entries):
+                    continue
+                entries.append((nid, link))
+        self._num_embedded, self._dim = num_embedded, dim
+        return added, changed
 
     def remove_note(self, id: MemoryId) -> EmbeddedMemoryNote | None:
         """Removes a note; returns it (``None`` if absent).
@@ -797,6 +847,9 @@ class MemoryCluster:
                         self._merge_link(source, link)
                     return True
         return False
+
+
+_new_object = object.__new__
 
 
 def _plain_f32(t: Any) -> bool:

@@ -15,7 +15,7 @@ from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.embedding.fields import FIELD_NAMES, MemoryEmbedding
 from soulmem_torch.embedding.identity import EmbedderIdentity
 from soulmem_torch.errors import StoreError, ValidationError
-from soulmem_torch.model.ids import MemoryId
+from soulmem_torch.model.ids import MemoryId, bulk_parsing
 from soulmem_torch.model.notes import MemoryNote
 from soulmem_torch.store import _legacy
 from soulmem_torch.store._legacy import (
@@ -507,7 +507,7 @@ class MemoryStore:
                 or the database that is damaged; a legacy store's errors as before.
         """
         if self.db.exists():
-            with gc_paused():  # ~10 small acyclic objects a note (see _gcpause)
+            with gc_paused(), bulk_parsing():  # ~10 small acyclic objects a note (_gcpause)
                 with self.db.read() as conn:
                     latest = self.db.latest(conn)
                     rows = self.db.state_rows(conn, _AGENT) if latest is not None else None

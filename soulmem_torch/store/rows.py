@@ -18,7 +18,7 @@ from soulmem_torch.embedding.fields import FIELD_NAMES, MemoryEmbedding
 from soulmem_torch.embedding.identity import EmbedderIdentity
 from soulmem_torch.errors import StoreError, ValidationError
 from soulmem_torch.model.describe import describe_validation_error
-from soulmem_torch.model.ids import MemoryId
+from soulmem_torch.model.ids import MemoryId, parsed_ids
 from soulmem_torch.model.notes import MemoryNote
 from soulmem_torch.store._legacy import (
     DEFAULT_LOCK_TIMEOUT,
@@ -222,11 +222,13 @@ def decode_rows(
         if len(parsed) != len(rows):  # pragma: no cover - each text parsed on its own
             raise StoreError(f"{where}: {who}the note rows do not parse one note each")
     readable: dict[MemoryId, str] = {}
+    known = parsed_ids(MemoryId)  # the id parsed from the row's own id text: one lookup
     for (id_, _pos, _text, rid, *_rest), note in zip(rows, parsed):
-        if str(note.id) != id_:
-            raise StoreError(f"{where}: {who}note {id_}: the row holds note {note.id}")
+        nid = note.id
+        if known.get(id_) is not nid and str(nid) != id_:
+            raise StoreError(f"{where}: {who}note {id_}: the row holds note {nid}")
         if rid is not None:
-            readable[note.id] = rid
+            readable[nid] = rid
     if embeddings is not None:
         return parsed, list(embeddings), readable
     blobs = [r[4] for r in rows]
