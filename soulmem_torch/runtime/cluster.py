@@ -564,14 +564,8 @@ class MemoryCluster:
                     edge.__dict__.update(id=lid, from_=nid, to=to, link_type=link.link_type,
                                          intensity=float(link.intensity))  # fmt: skip
                     links[lid] = edge
-                    targets = out.get(nid)
-                    if targets is None:
-                        targets = out[nid] = {}
-                    targets[lid] = None
-                    sources = into.get(to)
-                    if sources is None:
-                        sources = into[to] = {}
-                    sources[lid] = None
+                    out.setdefault(nid, {})[lid] = None
+                    into.setdefault(to, {})[lid] = None
                     continue
                 entries = pending.setdefault(to, [])
                 if any(s == nid and lk.id == lid for s, lk in entries):

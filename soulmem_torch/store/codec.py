@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -241,7 +242,7 @@ def _decode_bulk(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None] 
     starts = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(rows, out=starts[1:])
     bits_type = np.dtype(_NP_BITS[itemsize]).newbyteorder("<")
-    flat = np.zeros(int(starts[-1]) * dim, dtype=bits_type)
+    flat = zeroed(int(starts[-1]) * dim, bits_type)
     for kind, index_type in ((_DENSE, None), (_SPARSE16, "<u2"), (_SPARSE32, "<u4")):
         chosen = np.flatnonzero(layout == kind)
         if not chosen.size:
@@ -351,6 +352,24 @@ def _decode_each(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None]:
 
 
 _NP_FLOATS = {1: np.float32, 2: np.float64, 3: np.float16}
+_MMAP_MIN = 64 << 20  # bytes from which a decode buffer is mapped directly (see zeroed)
+
+
+def zeroed(count: int, dtype: np.dtype) -> np.ndarray:
+    """A zero-filled 1-D array. A big one (a whole store's vectors: 1.6 GB at 100,000 notes)
+    is an anonymous private mapping of its own: zero pages from the kernel like
+    ``np.zeros``, but without the transparent-huge-page advice numpy gives big arrays, whose
+    first touch can stall in the kernel's memory compaction (measured: 1.4–1.9 s of CPU to
+    fill 1.6 GB on a busy 24 GiB box, 0.8 s with plain pages; benchmarks/RESULTS.md). The
+    mapping is unmapped when the last view of it is gone."""
+    nbytes = count * dtype.itemsize
+    if nbytes < _MMAP_MIN or not hasattr(mmap, "MAP_PRIVATE"):
+        return np.zeros(count, dtype=dtype)
+    try:
+        buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, ValueError):  # no room for the mapping: numpy says so clearly
+        return np.zeros(count, dtype=dtype)
+    return np.frombuffer(buffer, dtype=dtype, count=count)
 
 
 def _first_non_finite_row(flat: torch.Tensor, dim: int) -> int | None:
