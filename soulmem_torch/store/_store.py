@@ -510,7 +510,7 @@ class MemoryStore:
             with gc_paused(), bulk_parsing():  # ~10 small acyclic objects a note (_gcpause)
                 with self.db.read() as conn:
                     latest = self.db.latest(conn)
-                    rows = self.db.state_rows(conn, _AGENT) if latest is not None else None
+                    rows = self.db.state_rows(conn, _AGENT, raw=True) if latest else None
                 if latest is not None and rows is not None:
                     return self._contents(latest, rows)
         if self._legacy.exists():

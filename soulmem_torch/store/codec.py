@@ -43,6 +43,7 @@ __all__ = [
     "decode_graph",
     "encode_embedding",
     "encode_graph",
+    "first_bad_note_row",
     "note_digest",
     "row_digest",
 ]
@@ -111,6 +112,37 @@ def note_digest(
     else:
         parts += (_LENGTH(len(emb)), emb)
     return _blake2b(b"".join(parts), digest_size=16).digest()
+
+
+def first_bad_note_row(agent: str, rows: Sequence[Sequence[Any]]) -> int | None:
+    """The index of the first note row ``(id, pos, note, rid, emb, sha)`` whose ``sha`` is not
+    its :func:`note_digest` (``None``: every one matches): the same bytes hashed, in one loop
+    over the rows (a load verifies every row; the note may be its stored UTF-8 bytes)."""
+    a = agent.encode("utf-8")
+    head = _LENGTH(len(a)) + a
+    length, none, blake = _LENGTH, _NONE, _blake2b
+    for k, (id_, pos, note, rid, emb, sha) in enumerate(rows):
+        if type(id_) is not str or type(pos) is not int or not (
+            type(note) is bytes or type(note) is str
+        ) or not (rid is None or type(rid) is str) or not (emb is None or type(emb) is bytes):  # fmt: skip
+            if sha != row_digest(agent, id_, pos, note, rid, emb):
+                return k
+            continue
+        i, p = id_.encode(), str(pos).encode()
+        t = note if type(note) is bytes else note.encode()
+        parts = [head, length(len(i)), i, length(len(p)), p, length(len(t)), t]
+        if rid is None:
+            parts.append(none)
+        else:
+            r = rid.encode()
+            parts += (length(len(r)), r)
+        if emb is None:
+            parts.append(none)
+        else:
+            parts += (length(len(emb)), emb)
+        if blake(b"".join(parts), digest_size=16).digest() != sha:
+            return k
+    return None
 
 
 def encode_embedding(emb: MemoryEmbedding) -> bytes:

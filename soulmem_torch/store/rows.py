@@ -31,7 +31,7 @@ from soulmem_torch.store.codec import (
     CodecError,
     decode_embeddings,
     encode_embedding,
-    note_digest,
+    first_bad_note_row,
 )
 from soulmem_torch.store.db import NoteRow, version_name
 
@@ -202,12 +202,12 @@ def decode_rows(
         StoreError: naming the note whose checksum, JSON or embedding is bad.
     """
     who = f"agent {agent!r}, " if agent else ""
-    for id_, pos, text, rid, emb, sha in rows:
-        if sha != note_digest(agent, id_, pos, text, rid, emb):
-            raise StoreError(
-                f"{where}: {who}note {id_}: checksum mismatch — the row is corrupted and was "
-                f"not loaded; {hint}"
-            )
+    bad = first_bad_note_row(agent, rows)
+    if bad is not None:
+        raise StoreError(
+            f"{where}: {who}note {rows[bad][0]}: checksum mismatch — the row is corrupted and "
+            f"was not loaded; {hint}"
+        )
     texts = [r[2] for r in rows]
     parsed = list(notes) if notes is not None else parse_notes(texts)
     if parsed is None or len(parsed) != len(rows):  # a bad row: one by one, to name it
@@ -249,15 +249,19 @@ def decode_rows(
 _NOTE_LIST = pydantic.TypeAdapter(list[MemoryNote])
 
 
-def parse_notes(texts: Sequence[str]) -> list[MemoryNote] | None:
-    """The notes of many serde JSON texts in one pass of pydantic-core (the texts joined into
-    one JSON array; the same validation as ``MemoryNote.from_json`` of each), or ``None`` when
-    any text is not exactly one valid note (the caller then parses them one by one to name
-    it)."""
+def parse_notes(texts: Sequence[str | bytes]) -> list[MemoryNote] | None:
+    """The notes of many serde JSON texts (``str``, or all UTF-8 ``bytes``) in one pass of
+    pydantic-core (the texts joined into one JSON array; the same validation as
+    ``MemoryNote.from_json`` of each), or ``None`` when any text is not exactly one valid
+    note (the caller then parses them one by one to name it)."""
     if not texts:
         return []
     try:
-        notes = _NOTE_LIST.validate_json("[" + ",".join(texts) + "]")
+        if type(texts[0]) is bytes:
+            joined: str | bytes = b"[" + b",".join(texts) + b"]"  # type: ignore[arg-type]
+        else:
+            joined = "[" + ",".join(texts) + "]"  # type: ignore[arg-type]
+        notes = _NOTE_LIST.validate_json(joined)
     except (pydantic.ValidationError, TypeError):
         return None
     return notes if len(notes) == len(texts) else None
