@@ -135,6 +135,9 @@ class Timestamp(datetime):
     ) -> core_schema.CoreSchema:
         def validate(value: Any) -> Timestamp:
             if isinstance(value, str):
+                last = _LAST  # parse_rfc3339's cache, inlined (read once: threads)
+                if type(value) is str and value == last[0]:
+                    return last[1]  # type: ignore[return-value]
                 return parse_rfc3339(value)
             if isinstance(value, datetime):
                 return cls.from_datetime(value)
@@ -168,7 +171,7 @@ def parse_rfc3339(text: str) -> Timestamp:
     return out
 
 
-_LAST: tuple[str, Timestamp | None] = ("", None)
+_LAST: tuple[str | None, Timestamp | None] = (None, None)  # no text equals None
 
 
 def _parse_rfc3339(text: str) -> Timestamp:

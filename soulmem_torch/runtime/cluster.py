@@ -122,21 +122,32 @@ def _shapes(
             f"{where}: expected a MemoryEmbedding or None, found {type(embedding).__name__}"
         )
     tag = embedding.tag
-    width = _check_shape(where, None, tag, dim)
+    if dim is not None and type(tag) is _Tensor and tag.shape == (dim,) and tag.dtype in _FLOATS:
+        width = dim  # the common case in one comparison (the full check below says why not)
+    else:
+        width = _check_shape(where, None, tag, dim)
     out.append((where, None, tag))
     fields = embedding.fields
-    if not isinstance(fields, dict):
+    if type(fields) is not dict and not isinstance(fields, dict):
         raise ValidationError(
             f"{where}.fields: expected a dict of name -> tensor, found {type(fields).__name__}"
         )
+    want = (width,)
     for name, vector in fields.items():
         if name not in FIELD_INDEX:
             raise ValidationError(
                 f"{where}.fields[{name!r}]: expected a name in FIELD_NAMES, found an unknown field"
             )
-        _check_shape(where, name, vector, width)
+        if not (type(vector) is _Tensor and vector.shape == want and vector.dtype in _FLOATS):
+            _check_shape(where, name, vector, width)
         out.append((where, name, vector))
     return int(width)
+
+
+_Tensor = torch.Tensor
+_FLOATS = frozenset(
+    d for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64) if d.is_floating_point
+)
 
 
 _CHUNK = 1 << 20  # elements per finiteness pass (its bool temporary stays in cache)
@@ -495,10 +506,11 @@ class MemoryCluster:
                             f"found {type(item).__name__}"
                         )
                     nid = item.id
-                    if nid not in nodes and nid not in seen:
-                        if emb is not None:
-                            dim = _shapes(emb, dim, _Where(nid), checked)
+                    if not nodes or nid not in nodes:  # (one hash of the id, not two)
+                        before = len(seen)
                         seen.add(nid)
+                        if emb is not None and len(seen) != before:
+                            dim = _shapes(emb, dim, _Where(nid), checked)
                     prepared.append((item, emb))
             except ValidationError:
                 _raise_non_finite(checked)  # an earlier note's NaN is reported first
@@ -545,7 +557,7 @@ class MemoryCluster:
             if emb is not None:
                 num_embedded += 1
                 dim = int(emb.tag.shape[-1])
-            parked = pending.pop(nid, None)
+            parked = pending.pop(nid, None) if pending else None
             if parked:  # the links parked for it, in parking order (_materialize_pending)
                 for source, link in parked:
                     lid = link.id

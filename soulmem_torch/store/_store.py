@@ -526,18 +526,19 @@ class MemoryStore:
         notes, embeddings, readable = decode_rows(
             str(self.db.path), _AGENT, rows, hint=self._hint()
         )
+        note_ids = {n.id: i for i, n in enumerate(notes)}
+        pending = _pending_links(notes, note_ids)
         full = dict(info)
-        full["counts"] = counts_of(notes, embeddings, readable)
+        full["counts"] = counts_of(notes, embeddings, readable, pending=len(pending))
         layout = layout_of(embeddings)
         full["embedding"] = layout
         manifest = manifest_of(gen, written_at, full, self.db.path)
-        note_ids = {n.id: i for i, n in enumerate(notes)}
         return StoreContents(
             notes=notes,
             embeddings=embeddings,
             readable_ids=readable,
             manifest=manifest,
-            pending_links=_pending_links(notes, note_ids),
+            pending_links=pending,
             version=version_name(gen),
             records=info.get("records"),
         )

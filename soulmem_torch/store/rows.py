@@ -271,12 +271,17 @@ def counts_of(
     notes: Sequence[MemoryNote],
     embeddings: Sequence[MemoryEmbedding | None],
     readable: Mapping[MemoryId, str],
+    *,
+    pending: int | None = None,
 ) -> dict[str, int]:
-    ids = {n.id for n in notes}
+    """The counts a version records (``pending``: the pending links, when already counted)."""
+    if pending is None:
+        ids = {n.id for n in notes}
+        pending = sum(1 for n in notes for lk in n.mem_links if lk.to not in ids)
     return {
         "notes": len(notes),
         "links": sum(len(n.mem_links) for n in notes),
-        "pending_links": sum(1 for n in notes for lk in n.mem_links if lk.to not in ids),
+        "pending_links": pending,
         "embeddings": sum(e is not None for e in embeddings),
         "readable_ids": len(readable),
     }
