@@ -22,6 +22,7 @@ from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.device import resolve_device
 from soulmem_torch.errors import SoulMemError, ValidationError
 from soulmem_torch.model import MemoryId, MemoryNote
+from soulmem_torch.model.ids import bulk_parsing
 from soulmem_torch.model.label import note_label
 from soulmem_torch.model.query import MemoryRetrieveQuery
 from soulmem_torch.retrieve import (
@@ -350,7 +351,9 @@ class SoulMem:
         """
         from soulmem_torch.store import MemoryStore, embeddings_for_embedder
 
-        with gc_paused():  # a load builds ~10 small acyclic objects a note (see _gcpause)
+        # a load builds ~10 small acyclic objects a note (see _gcpause), and meets each note
+        # id several times (its note, links, record: built once, see bulk_parsing)
+        with gc_paused(), bulk_parsing():
             contents = MemoryStore(path).load()
             mem = cls(**kwargs)
             embeddings, mem.reembedded = embeddings_for_embedder(

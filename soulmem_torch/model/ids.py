@@ -6,19 +6,53 @@ compares equal to a ``LinkId`` with the same bits: they name different things.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import uuid
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic_core import core_schema
 
-__all__ = ["LinkId", "MemoryId"]
+__all__ = ["LinkId", "MemoryId", "bulk_parsing", "parsed_ids"]
 
 _new = object.__new__
 _set = object.__setattr__
 _UNKNOWN = uuid.SafeUUID.unknown
 _SEEN_MAX = 1 << 16  # ids kept by the parser of each id type (immutable: shared safely)
 _SEEN: dict[type, dict[str, Any]] = {}
+_BULK = [0, _SEEN_MAX]  # bulk parses in flight, the cache's current cap
+_BULK_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def bulk_parsing() -> Iterator[None]:
+    """Lifts the cap of the id parsers' caches while a bulk parse (a store's load) runs, so
+    every id text it meets is built once: a note's id again as a link's ``from`` / ``to`` or
+    a record's ``memory_id``, and :func:`parsed_ids` can check a row's id column by identity.
+    When the last one ends, caches grown past the usual cap are dropped (memory is bounded
+    by the loads in flight). Nests, and is safe across threads."""
+    with _BULK_LOCK:
+        _BULK[0] += 1
+        _BULK[1] = 1 << 62
+    try:
+        yield
+    finally:
+        with _BULK_LOCK:
+            _BULK[0] -= 1
+            if not _BULK[0]:
+                _BULK[1] = _SEEN_MAX
+                for seen in _SEEN.values():
+                    if len(seen) > _SEEN_MAX:
+                        seen.clear()
+
+
+def parsed_ids(cls: type) -> Mapping[str, Any]:
+    """The ids the parser of ``cls`` built, by their exact text (a read-only view of its
+    cache: an id found here was parsed from that very text)."""
+    return MappingProxyType(_SEEN.setdefault(cls, {}))
 
 
 class _UuidNewtype(uuid.UUID):
@@ -85,6 +119,7 @@ class _UuidNewtype(uuid.UUID):
     ) -> core_schema.CoreSchema:
         from_text = cls._from_text
         seen = _SEEN.setdefault(cls, {})  # ids repeat (a link's "from", a record's note)
+        bulk = _BULK
 
         def parse(value: Any) -> Any:
             if type(value) is str:
@@ -95,7 +130,7 @@ class _UuidNewtype(uuid.UUID):
                     out = from_text(value)
                 except ValueError:
                     raise ValueError(f"expected a UUID string, found {value!r}") from None
-                if len(seen) >= _SEEN_MAX:
+                if len(seen) >= bulk[1]:
                     seen.clear()
                 seen[value] = out
                 return out

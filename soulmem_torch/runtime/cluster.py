@@ -122,21 +122,32 @@ def _shapes(
             f"{where}: expected a MemoryEmbedding or None, found {type(embedding).__name__}"
         )
     tag = embedding.tag
-    width = _check_shape(where, None, tag, dim)
+    if dim is not None and type(tag) is _Tensor and tag.shape == (dim,) and tag.dtype in _FLOATS:
+        width = dim  # the common case in one comparison (the full check below says why not)
+    else:
+        width = _check_shape(where, None, tag, dim)
     out.append((where, None, tag))
     fields = embedding.fields
-    if not isinstance(fields, dict):
+    if type(fields) is not dict and not isinstance(fields, dict):
         raise ValidationError(
             f"{where}.fields: expected a dict of name -> tensor, found {type(fields).__name__}"
         )
+    want = (width,)
     for name, vector in fields.items():
         if name not in FIELD_INDEX:
             raise ValidationError(
                 f"{where}.fields[{name!r}]: expected a name in FIELD_NAMES, found an unknown field"
             )
-        _check_shape(where, name, vector, width)
+        if not (type(vector) is _Tensor and vector.shape == want and vector.dtype in _FLOATS):
+            _check_shape(where, name, vector, width)
         out.append((where, name, vector))
     return int(width)
+
+
+_Tensor = torch.Tensor
+_FLOATS = frozenset(
+    d for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64) if d.is_floating_point
+)
 
 
 _CHUNK = 1 << 20  # elements per finiteness pass (its bool temporary stays in cache)
@@ -495,30 +506,18 @@ class MemoryCluster:
                             f"found {type(item).__name__}"
                         )
                     nid = item.id
-                    if nid not in nodes and nid not in seen:
-                        if emb is not None:
-                            dim = _shapes(emb, dim, _Where(nid), checked)
+                    if not nodes or nid not in nodes:  # (one hash of the id, not two)
+                        before = len(seen)
                         seen.add(nid)
+                        if emb is not None and len(seen) != before:
+                            dim = _shapes(emb, dim, _Where(nid), checked)
                     prepared.append((item, emb))
             except ValidationError:
                 _raise_non_finite(checked)  # an earlier note's NaN is reported first
                 raise
             _raise_non_finite(checked)
 
-            added: list[bool] = []
-            changed = False
-            for note, emb in prepared:
-                if note.id in self._nodes:
-                    added.append(False)
-                    if not links_after_nodes:
-                        changed |= self._merge_duplicate(note)
-                    continue
-                self._insert_node(note, emb)
-                added.append(True)
-                changed = True
-                if not links_after_nodes:
-                    for link in note.mem_links:
-                        self._merge_link(note.id, link)
+            added, changed = self._insert_all(prepared, links_after_nodes)
             if links_after_nodes:
                 for (note, _), is_new in zip(prepared, added):
                     if is_new:
@@ -529,6 +528,63 @@ class MemoryCluster:
             if changed:
                 self._touch()
             return added
+
+    def _insert_all(
+        self, prepared: Sequence[tuple[MemoryNote, MemoryEmbedding | None]], links_after_nodes: bool
+    ) -> tuple[list[bool], bool]:
+        """Inserts validated notes one after the other: :meth:`_insert_node` then (unless
+        ``links_after_nodes``) :meth:`_merge_link` of each out-link, or :meth:`_merge_duplicate`
+        for a present id — the same steps in the same order, inlined (a store's load inserts
+        every note here: ~2× faster than the method calls). Returns ``(added, changed)``."""
+        nodes, index, links = self._nodes, self._index, self._links
+        out, into, pending = self._out, self._in, self._pending
+        node_type, new_edge, edge_type = EmbeddedMemoryNote, _new_object, GraphMemoryLink
+        merge_links = not links_after_nodes
+        added: list[bool] = []
+        changed = False
+        num_embedded, dim = self._num_embedded, self._dim
+        for note, emb in prepared:
+            nid = note.id
+            if nid in nodes:
+                added.append(False)
+                if merge_links:
+                    changed |= self._merge_duplicate(note)
+                continue
+            changed = True
+            nodes[nid] = node_type(note, emb)
+            if index is not None:
+                index[nid] = len(index)
+            if emb is not None:
+                num_embedded += 1
+                dim = int(emb.tag.shape[-1])
+            parked = pending.pop(nid, None) if pending else None
+            if parked:  # the links parked for it, in parking order (_materialize_pending)
+                for source, link in parked:
+                    lid = link.id
+                    if source in nodes and lid not in links:
+                        self._materialize(source, link)
+            added.append(True)
+            if not merge_links:
+                continue
+            for link in note.mem_links:  # _merge_link, inlined
+                lid = link.id
+                if lid in links:
+                    continue
+                to = link.to
+                if to in nodes:  # _materialize, inlined
+                    edge = new_edge(edge_type)  # GraphMemoryLink(...) without its __init__
+                    edge.__dict__.update(id=lid, from_=nid, to=to, link_type=link.link_type,
+                                         intensity=float(link.intensity))  # fmt: skip
+                    links[lid] = edge
+                    out.setdefault(nid, {})[lid] = None
+                    into.setdefault(to, {})[lid] = None
+                    continue
+                entries = pending.setdefault(to, [])
+                if any(s == nid and lk.id == lid for s, lk in entries):
+                    continue
+                entries.append((nid, link))
+        self._num_embedded, self._dim = num_embedded, dim
+        return added, changed
 
     def remove_note(self, id: MemoryId) -> EmbeddedMemoryNote | None:
         """Removes a note; returns it (``None`` if absent).
@@ -797,6 +853,9 @@ class MemoryCluster:
                         self._merge_link(source, link)
                     return True
         return False
+
+
+_new_object = object.__new__
 
 
 def _plain_f32(t: Any) -> bool:

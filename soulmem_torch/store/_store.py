@@ -15,7 +15,7 @@ from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.embedding.fields import FIELD_NAMES, MemoryEmbedding
 from soulmem_torch.embedding.identity import EmbedderIdentity
 from soulmem_torch.errors import StoreError, ValidationError
-from soulmem_torch.model.ids import MemoryId
+from soulmem_torch.model.ids import MemoryId, bulk_parsing
 from soulmem_torch.model.notes import MemoryNote
 from soulmem_torch.store import _legacy
 from soulmem_torch.store._legacy import (
@@ -507,10 +507,10 @@ class MemoryStore:
                 or the database that is damaged; a legacy store's errors as before.
         """
         if self.db.exists():
-            with gc_paused():  # ~10 small acyclic objects a note (see _gcpause)
+            with gc_paused(), bulk_parsing():  # ~10 small acyclic objects a note (_gcpause)
                 with self.db.read() as conn:
                     latest = self.db.latest(conn)
-                    rows = self.db.state_rows(conn, _AGENT) if latest is not None else None
+                    rows = self.db.state_rows(conn, _AGENT, raw=True) if latest else None
                 if latest is not None and rows is not None:
                     return self._contents(latest, rows)
         if self._legacy.exists():
@@ -526,18 +526,19 @@ class MemoryStore:
         notes, embeddings, readable = decode_rows(
             str(self.db.path), _AGENT, rows, hint=self._hint()
         )
+        note_ids = {n.id: i for i, n in enumerate(notes)}
+        pending = _pending_links(notes, note_ids)
         full = dict(info)
-        full["counts"] = counts_of(notes, embeddings, readable)
+        full["counts"] = counts_of(notes, embeddings, readable, pending=len(pending))
         layout = layout_of(embeddings)
         full["embedding"] = layout
         manifest = manifest_of(gen, written_at, full, self.db.path)
-        note_ids = {n.id: i for i, n in enumerate(notes)}
         return StoreContents(
             notes=notes,
             embeddings=embeddings,
             readable_ids=readable,
             manifest=manifest,
-            pending_links=_pending_links(notes, note_ids),
+            pending_links=pending,
             version=version_name(gen),
             records=info.get("records"),
         )

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -42,6 +43,7 @@ __all__ = [
     "decode_graph",
     "encode_embedding",
     "encode_graph",
+    "first_bad_note_row",
     "note_digest",
     "row_digest",
 ]
@@ -110,6 +112,37 @@ def note_digest(
     else:
         parts += (_LENGTH(len(emb)), emb)
     return _blake2b(b"".join(parts), digest_size=16).digest()
+
+
+def first_bad_note_row(agent: str, rows: Sequence[Sequence[Any]]) -> int | None:
+    """The index of the first note row ``(id, pos, note, rid, emb, sha)`` whose ``sha`` is not
+    its :func:`note_digest` (``None``: every one matches): the same bytes hashed, in one loop
+    over the rows (a load verifies every row; the note may be its stored UTF-8 bytes)."""
+    a = agent.encode("utf-8")
+    head = _LENGTH(len(a)) + a
+    length, none, blake = _LENGTH, _NONE, _blake2b
+    for k, (id_, pos, note, rid, emb, sha) in enumerate(rows):
+        if type(id_) is not str or type(pos) is not int or not (
+            type(note) is bytes or type(note) is str
+        ) or not (rid is None or type(rid) is str) or not (emb is None or type(emb) is bytes):  # fmt: skip
+            if sha != row_digest(agent, id_, pos, note, rid, emb):
+                return k
+            continue
+        i, p = id_.encode(), str(pos).encode()
+        t = note if type(note) is bytes else note.encode()
+        parts = [head, length(len(i)), i, length(len(p)), p, length(len(t)), t]
+        if rid is None:
+            parts.append(none)
+        else:
+            r = rid.encode()
+            parts += (length(len(r)), r)
+        if emb is None:
+            parts.append(none)
+        else:
+            parts += (length(len(emb)), emb)
+        if blake(b"".join(parts), digest_size=16).digest() != sha:
+            return k
+    return None
 
 
 def encode_embedding(emb: MemoryEmbedding) -> bytes:
@@ -241,7 +274,7 @@ def _decode_bulk(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None] 
     starts = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(rows, out=starts[1:])
     bits_type = np.dtype(_NP_BITS[itemsize]).newbyteorder("<")
-    flat = np.zeros(int(starts[-1]) * dim, dtype=bits_type)
+    flat = zeroed(int(starts[-1]) * dim, bits_type)
     for kind, index_type in ((_DENSE, None), (_SPARSE16, "<u2"), (_SPARSE32, "<u4")):
         chosen = np.flatnonzero(layout == kind)
         if not chosen.size:
@@ -351,6 +384,24 @@ def _decode_each(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None]:
 
 
 _NP_FLOATS = {1: np.float32, 2: np.float64, 3: np.float16}
+_MMAP_MIN = 64 << 20  # bytes from which a decode buffer is mapped directly (see zeroed)
+
+
+def zeroed(count: int, dtype: np.dtype) -> np.ndarray:
+    """A zero-filled 1-D array. A big one (a whole store's vectors: 1.6 GB at 100,000 notes)
+    is an anonymous private mapping of its own: zero pages from the kernel like
+    ``np.zeros``, but without the transparent-huge-page advice numpy gives big arrays, whose
+    first touch can stall in the kernel's memory compaction (measured: 1.4–1.9 s of CPU to
+    fill 1.6 GB on a busy 24 GiB box, 0.8 s with plain pages; benchmarks/RESULTS.md). The
+    mapping is unmapped when the last view of it is gone."""
+    nbytes = count * dtype.itemsize
+    if nbytes < _MMAP_MIN or not hasattr(mmap, "MAP_PRIVATE"):
+        return np.zeros(count, dtype=dtype)
+    try:
+        buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, ValueError):  # no room for the mapping: numpy says so clearly
+        return np.zeros(count, dtype=dtype)
+    return np.frombuffer(buffer, dtype=dtype, count=count)
 
 
 def _first_non_finite_row(flat: torch.Tensor, dim: int) -> int | None:

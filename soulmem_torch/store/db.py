@@ -329,17 +329,19 @@ class Database:
         return gen
 
     def state_rows(
-        self, conn: sqlite3.Connection, agent: str, gen: int | None = None
-    ) -> list[tuple[str, int, str, str | None, bytes | None, bytes]]:
+        self, conn: sqlite3.Connection, agent: str, gen: int | None = None, *, raw: bool = False
+    ) -> list[tuple[str, int, str | bytes, str | None, bytes | None, bytes]]:
         """``(id, pos, note, rid, emb, sha)`` of an agent at version ``gen`` (``None``: live),
-        in note order."""
+        in note order. ``raw``: each note as its stored UTF-8 bytes (what its checksum covers
+        and the JSON parser reads: not decoded to ``str`` only to be encoded again)."""
+        note = "CAST(note AS BLOB)" if raw else "note"
         if gen is None:
-            sql = ("SELECT id, pos, note, rid, emb, sha FROM notes WHERE agent = ? "
+            sql = (f"SELECT id, pos, {note}, rid, emb, sha FROM notes WHERE agent = ? "
                    "ORDER BY pos, id")  # fmt: skip
             return conn.execute(sql, (agent,)).fetchall()
         sql = (
-            "SELECT id, pos, note, rid, emb, sha FROM notes WHERE agent = ? AND gen <= ? "
-            "UNION ALL SELECT id, pos, note, rid, emb, sha FROM history "
+            f"SELECT id, pos, {note}, rid, emb, sha FROM notes WHERE agent = ? AND gen <= ? "
+            f"UNION ALL SELECT id, pos, {note}, rid, emb, sha FROM history "
             "WHERE agent = ? AND gen <= ? AND removed > ? ORDER BY pos, id"
         )
         return conn.execute(sql, (agent, gen, agent, gen, gen)).fetchall()

@@ -18,7 +18,7 @@ from soulmem_torch.embedding.fields import FIELD_NAMES, MemoryEmbedding
 from soulmem_torch.embedding.identity import EmbedderIdentity
 from soulmem_torch.errors import StoreError, ValidationError
 from soulmem_torch.model.describe import describe_validation_error
-from soulmem_torch.model.ids import MemoryId
+from soulmem_torch.model.ids import MemoryId, parsed_ids
 from soulmem_torch.model.notes import MemoryNote
 from soulmem_torch.store._legacy import (
     DEFAULT_LOCK_TIMEOUT,
@@ -31,7 +31,7 @@ from soulmem_torch.store.codec import (
     CodecError,
     decode_embeddings,
     encode_embedding,
-    note_digest,
+    first_bad_note_row,
 )
 from soulmem_torch.store.db import NoteRow, version_name
 
@@ -202,12 +202,12 @@ def decode_rows(
         StoreError: naming the note whose checksum, JSON or embedding is bad.
     """
     who = f"agent {agent!r}, " if agent else ""
-    for id_, pos, text, rid, emb, sha in rows:
-        if sha != note_digest(agent, id_, pos, text, rid, emb):
-            raise StoreError(
-                f"{where}: {who}note {id_}: checksum mismatch — the row is corrupted and was "
-                f"not loaded; {hint}"
-            )
+    bad = first_bad_note_row(agent, rows)
+    if bad is not None:
+        raise StoreError(
+            f"{where}: {who}note {rows[bad][0]}: checksum mismatch — the row is corrupted and "
+            f"was not loaded; {hint}"
+        )
     texts = [r[2] for r in rows]
     parsed = list(notes) if notes is not None else parse_notes(texts)
     if parsed is None or len(parsed) != len(rows):  # a bad row: one by one, to name it
@@ -222,11 +222,13 @@ def decode_rows(
         if len(parsed) != len(rows):  # pragma: no cover - each text parsed on its own
             raise StoreError(f"{where}: {who}the note rows do not parse one note each")
     readable: dict[MemoryId, str] = {}
+    known = parsed_ids(MemoryId)  # the id parsed from the row's own id text: one lookup
     for (id_, _pos, _text, rid, *_rest), note in zip(rows, parsed):
-        if str(note.id) != id_:
-            raise StoreError(f"{where}: {who}note {id_}: the row holds note {note.id}")
+        nid = note.id
+        if known.get(id_) is not nid and str(nid) != id_:
+            raise StoreError(f"{where}: {who}note {id_}: the row holds note {nid}")
         if rid is not None:
-            readable[note.id] = rid
+            readable[nid] = rid
     if embeddings is not None:
         return parsed, list(embeddings), readable
     blobs = [r[4] for r in rows]
@@ -247,15 +249,19 @@ def decode_rows(
 _NOTE_LIST = pydantic.TypeAdapter(list[MemoryNote])
 
 
-def parse_notes(texts: Sequence[str]) -> list[MemoryNote] | None:
-    """The notes of many serde JSON texts in one pass of pydantic-core (the texts joined into
-    one JSON array; the same validation as ``MemoryNote.from_json`` of each), or ``None`` when
-    any text is not exactly one valid note (the caller then parses them one by one to name
-    it)."""
+def parse_notes(texts: Sequence[str | bytes]) -> list[MemoryNote] | None:
+    """The notes of many serde JSON texts (``str``, or all UTF-8 ``bytes``) in one pass of
+    pydantic-core (the texts joined into one JSON array; the same validation as
+    ``MemoryNote.from_json`` of each), or ``None`` when any text is not exactly one valid
+    note (the caller then parses them one by one to name it)."""
     if not texts:
         return []
     try:
-        notes = _NOTE_LIST.validate_json("[" + ",".join(texts) + "]")
+        if type(texts[0]) is bytes:
+            joined: str | bytes = b"[" + b",".join(texts) + b"]"  # type: ignore[arg-type]
+        else:
+            joined = "[" + ",".join(texts) + "]"  # type: ignore[arg-type]
+        notes = _NOTE_LIST.validate_json(joined)
     except (pydantic.ValidationError, TypeError):
         return None
     return notes if len(notes) == len(texts) else None
@@ -265,12 +271,17 @@ def counts_of(
     notes: Sequence[MemoryNote],
     embeddings: Sequence[MemoryEmbedding | None],
     readable: Mapping[MemoryId, str],
+    *,
+    pending: int | None = None,
 ) -> dict[str, int]:
-    ids = {n.id for n in notes}
+    """The counts a version records (``pending``: the pending links, when already counted)."""
+    if pending is None:
+        ids = {n.id for n in notes}
+        pending = sum(1 for n in notes for lk in n.mem_links if lk.to not in ids)
     return {
         "notes": len(notes),
         "links": sum(len(n.mem_links) for n in notes),
-        "pending_links": sum(1 for n in notes for lk in n.mem_links if lk.to not in ids),
+        "pending_links": pending,
         "embeddings": sum(e is not None for e in embeddings),
         "readable_ids": len(readable),
     }

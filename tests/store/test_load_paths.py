@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -125,3 +126,81 @@ def test_a_loaded_memory_keeps_its_records_in_note_order(tmp_path: Path) -> None
     for mid, rec in mem.working_memory.records.items():
         assert back.working_memory.records[mid] == rec
     assert note(5).id in back.working_memory.records
+
+
+def _cluster_state(cluster) -> tuple:  # type: ignore[no-untyped-def]
+    """Everything a cluster holds, in its dicts' orders (insertion order is behaviour)."""
+    nodes = [(k, e.note.to_json(), e.embedding is None) for k, e in cluster._nodes.items()]
+    links = [(k, e.from_, e.to, e.intensity, e.link_type) for k, e in cluster._links.items()]
+    out = [(k, list(v)) for k, v in cluster._out.items()]
+    into = [(k, list(v)) for k, v in cluster._in.items()]
+    pending = [(k, [(s, lk.id, lk.to_json() if hasattr(lk, "to_json") else lk.model_dump_json())
+                    for s, lk in v]) for k, v in cluster._pending.items()]  # fmt: skip
+    index = None if cluster._index is None else list(cluster._index.items())
+    return nodes, links, out, into, pending, index, cluster._num_embedded, cluster._dim
+
+
+def test_a_load_is_the_one_by_one_reference_bit_for_bit(tmp_path: Path) -> None:
+    """``SoulMem.load`` (bulk parse, bulk decode, inlined insertion, load-time caches) gives
+    exactly what the plain paths give: each row's JSON parsed on its own, each blob decoded
+    on its own, each note added with ``add_note`` — notes, edges (and their order), parked
+    links, records and embedding bits — on the bundled sample memory (every note kind, links
+    to later and to missing notes) plus notes with duplicate times and forward links."""
+    from soulmem_torch.data import sample_memory_path
+    from soulmem_torch.model import MemoryLink, SemMemLink
+    from soulmem_torch.model.soul_tune import load_soul_tune_graph
+    from soulmem_torch.runtime.cluster import MemoryCluster
+    from soulmem_torch.runtime.records import records_to_json
+    from soulmem_torch.store.codec import decode_embedding
+
+    sample = load_soul_tune_graph(sample_memory_path()).notes
+    extra = notes(0, 12)
+    for i, n in enumerate(extra):  # a forward link, a backward one, one to a missing note
+        n.mem_links.append(MemoryLink.new(n.id, extra[(i + 1) % 12].id,
+                                          SemMemLink(verb="next", confidence=0.25)))  # fmt: skip
+        n.mem_links.append(MemoryLink.new(n.id, note(100 + i).id,
+                                          SemMemLink(verb="gone", confidence=0.5)))  # fmt: skip
+    mem = SoulMem(embedder=EMB)
+    mem.add_notes(sample + extra, readable_ids={extra[3].id: "three"})
+    wm = mem.working_memory
+    wm.record_retrieval([extra[2].id, sample[0].id, extra[2].id])
+    mem.save(tmp_path)
+
+    back = SoulMem.load(tmp_path, embedder=EMB)
+    with sqlite3.connect(tmp_path / DB_FILE) as conn:
+        rows = conn.execute("SELECT note, emb FROM notes ORDER BY pos, id").fetchall()
+    ref = MemoryCluster()
+    for text, blob in rows:
+        ref.add_note(MemoryNote.from_json(text), None if blob is None else decode_embedding(blob))
+    assert _cluster_state(back.cluster) == _cluster_state(ref) == _cluster_state(mem.cluster)
+    for a, b in zip(back.cluster, ref, strict=True):
+        assert a.note == b.note
+        for name in ("tag", *sorted(b.embedding.fields)):
+            va = a.embedding.tag if name == "tag" else a.embedding.fields[name]
+            vb = b.embedding.tag if name == "tag" else b.embedding.fields[name]
+            assert torch.equal(_bits(va), _bits(vb))
+        assert sorted(a.embedding.fields) == sorted(b.embedding.fields)
+    assert records_to_json(back.working_memory) == records_to_json(wm)
+    assert back.readable_ids == {extra[3].id: "three"}
+    assert len(back.cluster.pending_links()) == 12
+
+
+def test_a_big_decode_buffer_is_its_own_mapping_with_the_same_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from soulmem_torch.store import codec
+
+    ns = notes(0, 40)
+    blobs = [encode_embedding(e) for e in embed_notes(ns, EMB)]
+    small = decode_embeddings(blobs)
+    monkeypatch.setattr(codec, "_MMAP_MIN", 1)
+    mapped = decode_embeddings(blobs)
+    buffer = codec.zeroed(1000, np.dtype("<i4"))
+    assert not buffer.flags.owndata and not buffer.any()  # the mapping's zero pages
+    for a, b in zip(small, mapped, strict=True):
+        assert a is not None and b is not None and sorted(a.fields) == sorted(b.fields)
+        assert torch.equal(_bits(a.tag), _bits(b.tag))
+        for name in a.fields:
+            assert torch.equal(_bits(a.fields[name]), _bits(b.fields[name]))
+    mapped[3].tag[0] = 7.0  # writable, and a view of the one buffer
+    assert mapped[3].tag[0].item() == 7.0
