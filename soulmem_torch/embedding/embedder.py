@@ -165,11 +165,16 @@ def run_embedder(
 # -------------------------------------------------------------------------------------------
 # chunking
 # -------------------------------------------------------------------------------------------
-_PARAGRAPH = re.compile(r"(?<=\n\n)")
-_LINE = re.compile(r"(?<=\n)")
-_SENTENCE = re.compile(r"(?<=[。！？!?；;…])|(?<=[.](?=\s))")
-_CLAUSE = re.compile(r"(?<=[，,、：:])")
-_WORD = re.compile(r"(?<=\s)")
+# Each level cuts right after its separators: after "\n\n" (a paragraph), "\n" (a line), a
+# sentence end (。！？!?；;… or a "." before whitespace), a clause mark (，,、：:), whitespace
+# (a word). Paragraphs and words are zero-width splits; lines, sentences and clauses are read
+# as the pieces themselves (a run of other characters ending with its separator: the same
+# pieces, found several times faster).
+_PARAGRAPH = re.compile(r"(?<=\n\n)").split
+_LINE = re.compile(r"[^\n]*\n?").findall
+_SENTENCE = re.compile(r"[^。！？!?；;….]*(?:\.(?!\s)[^。！？!?；;….]*)*[。！？!?；;….]?").findall
+_CLAUSE = re.compile(r"[^，,、：:]*[，,、：:]?").findall
+_WORD = re.compile(r"(?<=\s)").split
 _LEVELS = (_PARAGRAPH, _LINE, _SENTENCE, _CLAUSE, _WORD)
 
 
@@ -182,7 +187,7 @@ def _split(text: str, limit: int, level: int) -> list[str]:
         return [text]
     if level >= len(_LEVELS):
         return [text[i : i + limit] for i in range(0, len(text), limit)]
-    pieces = [p for p in _LEVELS[level].split(text) if p]
+    pieces = list(filter(None, _LEVELS[level](text)))
     if len(pieces) <= 1:
         return _split(text, limit, level + 1)
     out: list[str] = []
