@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.chat._types import ChatSession
 from soulmem_torch.chat.mapping import sessions_to_notes
 from soulmem_torch.chat.metrics import (
@@ -69,6 +70,7 @@ class HaystackBank:
     timings: dict[str, float]
 
     @classmethod
+    @gc_paused()  # every haystack's notes and plans: many small acyclic objects
     def build(
         cls,
         haystacks: Sequence[Sequence[ChatSession]],

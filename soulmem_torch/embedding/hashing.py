@@ -58,6 +58,7 @@ import re
 import threading
 import unicodedata
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 
 import numpy as np
 import torch
@@ -183,16 +184,22 @@ class _Registry:
             self.clear()
 
     # -- registration (Python per new token / feature only) -------------------------------
-    def _features(self, names: list[str]) -> list[int]:
+    def _features(self, names: list[str]) -> np.ndarray:
         """The ids of feature ``names`` (new ones registered, their hashes computed)."""
-        missing = set(names).difference(self.feat_id)
-        if missing:
-            new = [name for name in dict.fromkeys(names) if name in missing]
+        ids = np.fromiter(map(self.feat_id.get, names, repeat(-1)), np.int64, len(names))
+        missing = np.flatnonzero(ids < 0)
+        if len(missing):
+            new = list(dict.fromkeys(map(names.__getitem__, missing.tolist())))
             start = len(self.feat_str)
             self.feat_id.update(zip(new, range(start, start + len(new))))
             self.feat_str.extend(new)
             self._pending.extend(new)
-        return list(map(self.feat_id.__getitem__, names))
+            ids[missing] = np.fromiter(
+                map(self.feat_id.__getitem__, map(names.__getitem__, missing.tolist())),
+                np.int64,
+                len(missing),
+            )
+        return ids
 
     def _flush_hashes(self) -> None:
         if self._pending:
@@ -239,15 +246,19 @@ class _Registry:
         self._flush_hashes()
 
     def token_ids(self, tokens: list[str]) -> np.ndarray:
-        """The ids of ``tokens`` (new ones registered), int64."""
-        try:
-            return np.fromiter(map(self.vocab.__getitem__, tokens), np.int64, len(tokens))
-        except KeyError:
-            pass
-        missing = set(tokens).difference(self.vocab)
-        # a fixed order (the first occurrence) keeps ids independent of the string hash seed
-        self._add_tokens([t for t in dict.fromkeys(tokens) if t in missing])
-        return np.fromiter(map(self.vocab.__getitem__, tokens), np.int64, len(tokens))
+        """The ids of ``tokens`` (new ones registered), int64: one lookup pass."""
+        ids = np.fromiter(map(self.vocab.get, tokens, repeat(-1)), np.int64, len(tokens))
+        missing = np.flatnonzero(ids < 0)
+        if len(missing):
+            # in their first-occurrence order (ids independent of the string hash seed)
+            new = list(dict.fromkeys(map(tokens.__getitem__, missing.tolist())))
+            self._add_tokens(new)
+            ids[missing] = np.fromiter(
+                map(self.vocab.__getitem__, map(tokens.__getitem__, missing.tolist())),
+                np.int64,
+                len(missing),
+            )
+        return ids
 
     def pair_ids(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
         """The feature ids of the word pairs ``"p" + first + " " + second`` (token ids), new
