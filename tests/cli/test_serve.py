@@ -38,11 +38,7 @@ class _Server:
         self.port = _free_port()
         self.server = uvicorn.Server(
             uvicorn.Config(
-                app,
-                host="127.0.0.1",
-                port=self.port,
-                log_level="error",
-                lifespan="on",
+                app, host="127.0.0.1", port=self.port, log_level="error", lifespan="on",
                 # a loaded CI box can starve the client's thread for seconds between two requests
                 # on one keep-alive connection; uvicorn's 5 s default then closes it while the
                 # client sends (httpx.ReadError). The idle limit itself is tested elsewhere.
