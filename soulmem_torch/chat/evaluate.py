@@ -41,8 +41,9 @@ __all__ = [
 K_VALUES = (1, 3, 5, 10)
 _EMBED_GROUP_NOTES = 2048
 """Notes embedded per call when a benchmark's haystacks are built (bounds the vectors held)."""
-_EMBED_BATCH = 4096
-"""Distinct texts per embedder call there (the offline embedder's work is per batch)."""
+_EMBED_BATCH = 1 << 16
+"""Distinct texts per embedder call there (one call per group: the offline embedder works a
+batch at a time and blocks it itself)."""
 Level = Literal["session", "turn"]
 
 

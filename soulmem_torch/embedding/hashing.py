@@ -58,6 +58,7 @@ import re
 import threading
 import unicodedata
 from collections.abc import Iterable, Sequence
+from functools import cache
 from itertools import repeat
 
 import numpy as np
@@ -402,6 +403,89 @@ def _counts(feats: np.ndarray, rows: np.ndarray, num_features: int) -> tuple[np.
     return feats[first], rows[first], count_at[first]
 
 
+def _cells(
+    rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, size: int
+) -> tuple[np.ndarray, ...]:
+    """The non-zero cells of the ``(texts, size)`` block: ``(rows, cols, sums)`` in row, column
+    order, each cell's values summed in their input order (as a dense ``bincount`` adds them)."""
+    m = len(rows)
+    if m == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, np.zeros(0, dtype=np.float64)
+    # (cell, position) keys are distinct: a plain sort groups each cell in input order
+    key = np.sort((rows * size + cols) * m + np.arange(m, dtype=np.int64))
+    cell = key // m
+    head = np.concatenate(([True], cell[1:] != cell[:-1]))
+    sums = np.bincount(np.cumsum(head) - 1, weights=vals[key % m])
+    first = cell[head]
+    return first // size, first % size, sums
+
+
+@cache
+def _pairwise_plan(length: int) -> tuple[np.ndarray, int, tuple]:
+    """numpy's pairwise summation of a row of ``length`` values (``add.reduce``, float64) as
+    accumulator slots: ``(slot of each column, slot count, the summation tree)``.
+
+    numpy sums fewer than 8 values in order; up to 128 values in 8 interleaved accumulators
+    (lane ``i % 8``) combined as ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``, then the
+    remainder in order; longer rows as two halves (the first a multiple of 8 long), added.
+    """
+    slot_of = np.empty(length, dtype=np.int64)
+    count = 0
+
+    def slots(k: int) -> tuple[int, ...]:
+        nonlocal count
+        count += k
+        return tuple(range(count - k, count))
+
+    def build(start: int, n: int) -> tuple:
+        if n < 8:
+            seq = slots(n)
+            slot_of[start : start + n] = seq
+            return ("seq", seq)
+        if n <= 128:
+            lanes = slots(8)
+            body = n - n % 8
+            slot_of[start : start + body] = np.tile(lanes, body // 8)
+            tail = slots(n - body)
+            slot_of[start + body : start + n] = tail
+            return ("lanes", lanes, tail)
+        half = n // 2 - (n // 2) % 8
+        return ("add", build(start, half), build(start + half, n - half))
+
+    tree = build(0, length)
+    return slot_of, count, tree
+
+
+def _replay(tree: tuple, acc: np.ndarray) -> np.ndarray:
+    if tree[0] == "add":
+        return _replay(tree[1], acc) + _replay(tree[2], acc)
+    if tree[0] == "seq":
+        res = acc[:, tree[1][0]]
+        for s in tree[1][1:]:
+            res = res + acc[:, s]
+        return res
+    r = [acc[:, s] for s in tree[1]]
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    for s in tree[2]:
+        res = res + acc[:, s]
+    return res
+
+
+def _row_norms(
+    rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n: int, length: int
+) -> np.ndarray:
+    """``np.linalg.norm(dense, axis=1)`` of the ``(n, length)`` matrix holding ``vals`` at
+    ``(rows, cols)`` (distinct cells in row, column order) and zeros elsewhere, bit for bit:
+    each accumulator of numpy's pairwise sum adds its cells' squares in column order (adding
+    the zeros in between changes nothing), then the accumulators are combined as numpy does."""
+    slot_of, count, tree = _pairwise_plan(length)
+    acc = np.bincount(
+        rows * count + slot_of[cols], weights=vals * vals, minlength=n * count
+    ).reshape(n, count)
+    return np.sqrt(_replay(tree, acc))
+
+
 class HashingEmbedder:
     """Offline hashed character / word n-gram embedder (see the module docstring).
 
@@ -525,33 +609,35 @@ class HashingEmbedder:
         return cols, signs * weight
 
     def _dense(self, reg: _Registry, texts: list[str], out: np.ndarray) -> None:
-        """Writes the vectors of distinct ``texts`` into ``out`` (``(len(texts), dim)`` f32)."""
+        """Writes the vectors of distinct ``texts`` into ``out`` (``(len(texts), dim)`` f32,
+        C-contiguous).
+
+        Only the non-zero cells are computed, each with the roundings of the dense definition:
+        a cell sums its values in stream order (as the dense ``bincount``), each row norm is
+        numpy's pairwise sum of the dense row replayed on its cells (:func:`_row_norms`), and
+        the divisions and products are the same elementwise operations."""
         n = len(texts)
         ids, rows = _tokenize(reg, texts)
-        blocks = []
+        cells = []
         for (feats, frows), size in zip(
             _streams(reg, ids, rows), (self._atom_size, self._link_size)
         ):
             f, r, c = _counts(feats, frows, len(reg.feat_str))
             cols, vals = self._values(reg, f, c, size)
-            # bins add their values in input order: each text's features in their first
-            # occurrence order, as the per-text definition adds them
-            blocks.append(
-                np.bincount(r * size + cols, weights=vals, minlength=n * size).reshape(n, size)
-            )
-        atoms_m, links_m = blocks
-        # the per-text definition, step for step (the same roundings), without temporaries:
-        # each block over its norm (zero rows stay zero), the links times link_weight, the
-        # whole over its norm, times sqrt(1 - baseline), then the baseline column
-        a_norm = np.linalg.norm(atoms_m, axis=1, keepdims=True)
-        l_norm = np.linalg.norm(links_m, axis=1, keepdims=True)
-        a = self._atom_size
-        lexical = np.empty((n, a + self._link_size), dtype=np.float64)
-        np.divide(atoms_m, np.where(a_norm > 0, a_norm, 1.0), out=lexical[:, :a])
-        np.divide(links_m, np.where(l_norm > 0, l_norm, 1.0), out=lexical[:, a:])
-        lexical[:, a:] *= self.link_weight
-        lex_norm = np.linalg.norm(lexical, axis=1, keepdims=True)
+            b_rows, b_cols, sums = _cells(r, cols, vals, size)
+            norm = _row_norms(b_rows, b_cols, sums, n, size)
+            cells.append((b_rows, b_cols, sums / np.where(norm > 0, norm, 1.0)[b_rows]))
+        (a_rows, a_cols, a_vals), (l_rows, l_cols, l_vals) = cells
+        # the lexical row: atoms, then the links times link_weight (cells in row, column order)
+        order = np.argsort(np.concatenate([a_rows, l_rows]), kind="stable")
+        lex_rows = np.concatenate([a_rows, l_rows])[order]
+        lex_cols = np.concatenate([a_cols, l_cols + self._atom_size])[order]
+        lex_vals = np.concatenate([a_vals, l_vals * self.link_weight])[order]
+        lex_norm = _row_norms(lex_rows, lex_cols, lex_vals, n, self.dim - 1)
         nonempty = lex_norm > 0
-        np.divide(lexical, np.where(nonempty, lex_norm, 1.0), out=lexical)
-        np.multiply(lexical, math.sqrt(1.0 - self.baseline), out=out[:, :-1], casting="same_kind")
-        out[:, -1:] = math.sqrt(self.baseline) * nonempty
+        final = (
+            lex_vals / np.where(nonempty, lex_norm, 1.0)[lex_rows] * math.sqrt(1.0 - self.baseline)
+        )
+        out[:] = 0.0
+        out.reshape(-1)[lex_rows * self.dim + lex_cols] = final.astype(np.float32)
+        out[:, -1] = math.sqrt(self.baseline) * nonempty
