@@ -319,3 +319,20 @@ def test_threads_share_the_tables() -> None:
         got = list(pool.map(emb, parts))
     for i, x in enumerate(got):
         assert torch.equal(x, want[i::4])
+
+
+def test_row_norms_replay_numpys_pairwise_sum() -> None:
+    # the sparse row norms equal np.linalg.norm of the dense rows bit for bit (if a numpy
+    # release changed its summation order, this names the cause before any vector differs)
+    from soulmem_torch.embedding.hashing import _row_norms
+
+    rng = np.random.default_rng(7)
+    for length in [*range(1, 20), 63, 64, 65, 127, 128, 129, 136, 255, 256, 511, 512, 1023, 2047]:
+        for density in (0.05, 0.3, 1.0):
+            dense = np.zeros((40, length))
+            mask = rng.random(dense.shape) < density
+            dense[mask] = rng.standard_normal(mask.sum()) * np.exp(rng.uniform(-9, 9, mask.sum()))
+            dense[0] = 0.0
+            rows, cols = np.nonzero(dense)
+            got = _row_norms(rows, cols, dense[rows, cols], 40, length)
+            assert np.array_equal(got, np.linalg.norm(dense, axis=1)), (length, density)
