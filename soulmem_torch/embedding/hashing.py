@@ -43,11 +43,13 @@ distinct text of a batch is tokenized in one C-level pass (ASCII texts by one by
 texts); tokens map to cached ids in bulk, and a per-process registry holds each token's
 feature ids and each feature's BLAKE2b value (hashed once per process). The feature streams of
 all texts are then built with numpy (gathers, one vectorized pass for the word pairs), the
-per-text counts found by one stable sort (each text's features keep their first-occurrence
-order, so every column sums its values in the order the per-text definition adds them: the
-vectors are bit for bit those of the text-by-text computation, which
-``tests/embedding/test_hashing.py`` keeps as the reference), and each block summed by one
-``bincount``. Python work per text is none; per new token or feature, a registry entry.
+per-text counts found by one sort (each text's features keep their first-occurrence order, so
+every column sums its values in the order the per-text definition adds them), and only the
+non-zero cells are computed: each cell's sum in that order, each row norm as numpy's pairwise
+sum of the dense row (:func:`_row_norms` replays it on the cells), the same divisions and
+products. The vectors are bit for bit those of the text-by-text computation, which
+``tests/embedding/test_hashing.py`` keeps as the reference. Python work per text is none; per
+new token or feature, a registry entry.
 """
 
 from __future__ import annotations
