@@ -149,9 +149,9 @@ class _Registry:
     past their limits (ids are only used within one call).
     """
 
-    MAX_TOKENS = 1_000_000
-    MAX_FEATURES = 4_000_000
-    MAX_ENTRIES = 16_000_000
+    MAX_TOKENS = 500_000
+    MAX_FEATURES = 2_000_000
+    MAX_ENTRIES = 8_000_000
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
