@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.chat._types import ChatSession
 from soulmem_torch.chat.mapping import sessions_to_notes
 from soulmem_torch.chat.metrics import (
@@ -38,6 +39,11 @@ __all__ = [
 ]
 
 K_VALUES = (1, 3, 5, 10)
+_EMBED_GROUP_NOTES = 2048
+"""Notes embedded per call when a benchmark's haystacks are built (bounds the vectors held)."""
+_EMBED_BATCH = 1 << 16
+"""Distinct texts per embedder call there (one call per group: the offline embedder works a
+batch at a time and blocks it itself)."""
 Level = Literal["session", "turn"]
 
 
@@ -65,6 +71,7 @@ class HaystackBank:
     timings: dict[str, float]
 
     @classmethod
+    @gc_paused()  # every haystack's notes and plans: many small acyclic objects
     def build(
         cls,
         haystacks: Sequence[Sequence[ChatSession]],
@@ -75,6 +82,8 @@ class HaystackBank:
         device: Any = None,
     ) -> HaystackBank:
         from soulmem_torch.bank import MemoryBank
+        from soulmem_torch.embedding import embed_notes
+        from soulmem_torch.runtime.cluster import first_non_finite
 
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -82,8 +91,30 @@ class HaystackBank:
         timings["notes_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         bank = MemoryBank(embedder=embedder, device=device)
+        # the haystacks are embedded together, a group of them per call: a session shared by
+        # several haystacks is embedded once, and the embedder gets large batches
+        group: list[int] = []
+        size = 0
         for i, m in enumerate(made):
-            bank.add_agent(f"haystack-{i}", m.notes)
+            group.append(i)
+            size += len(m.notes)
+            if size >= _EMBED_GROUP_NOTES or i == len(made) - 1:
+                vectors = embed_notes(
+                    [n for j in group for n in made[j].notes],
+                    bank.embedder,
+                    batch_size=_EMBED_BATCH,
+                )
+                # one finiteness pass over the group's buffer (it is remembered), rather than
+                # one per haystack over the views it holds of that buffer
+                first_non_finite([v for e in vectors for v in (e.tag, *e.fields.values())])
+                start = 0
+                for j in group:
+                    count = len(made[j].notes)
+                    bank.add_agent(
+                        f"haystack-{j}", made[j].notes, embeddings=vectors[start : start + count]
+                    )
+                    start += count
+                group, size = [], 0
         timings["embed_s"] = time.perf_counter() - t0
         return cls(bank, made, timings)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
 
+from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.chat._types import ChatSession
 from soulmem_torch.errors import ValidationError
 from soulmem_torch.model import (
@@ -95,6 +96,7 @@ def _link(a: MemoryNote, b: MemoryNote, link_type: object) -> None:
     a.mem_links.append(MemoryLink(from_=a.id, to=b.id, link_type=link_type))
 
 
+@gc_paused()  # ~10 small acyclic objects a note (see soulmem_torch._gcpause)
 def sessions_to_notes(
     sessions: Iterable[ChatSession],
     *,

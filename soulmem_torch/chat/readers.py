@@ -16,6 +16,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.chat._types import ChatSession, ChatTurn
 from soulmem_torch.errors import ValidationError
 
@@ -228,6 +229,11 @@ def read_longmemeval(path: str | PathLike[str]) -> list[LongMemEvalQuestion]:
     """LongMemEval (``longmemeval_s*.json`` / ``_m`` / ``_oracle``): a JSON list of questions,
     each with its haystack. Turn ids follow the benchmark: ``f"{session_id}_{i+1}"``, ``i`` the
     index among all turns of the session."""
+    with gc_paused():  # millions of small acyclic objects (see soulmem_torch._gcpause)
+        return _read_longmemeval(path)
+
+
+def _read_longmemeval(path: str | PathLike[str]) -> list[LongMemEvalQuestion]:
     data = _load_json(path, "LongMemEval file")
     if not isinstance(data, list):
         raise ValidationError(

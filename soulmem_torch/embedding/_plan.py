@@ -18,6 +18,9 @@ from soulmem_torch.errors import ValidationError
 
 __all__ = ["EmbeddingPlan"]
 
+_SUM_BLOCK = 4096
+"""Contributions per ``index_add_`` in :func:`_weighted_sum`."""
+
 
 class EmbeddingPlan:
     """Collects ``slot = Σ weight · embed(text)`` recipes; :meth:`assemble` evaluates them."""
@@ -145,6 +148,12 @@ def _weighted_sum(
         dev = vectors.device
         index = torch.tensor(slot, dtype=torch.long, device=dev)
         picked = torch.tensor(text, dtype=torch.long, device=dev)
-        w = torch.tensor(weight, dtype=torch.float32, device=dev)
-        out.index_add_(0, index, vectors.index_select(0, picked) * w.unsqueeze(1))
+        w = torch.tensor(weight, dtype=torch.float32, device=dev).unsqueeze(1)
+        # in blocks, in order (each row still sums its terms in order): the weighted copies
+        # stay small instead of one (contributions, D) temporary
+        for start in range(0, len(slot), _SUM_BLOCK):
+            end = start + _SUM_BLOCK
+            out.index_add_(
+                0, index[start:end], vectors.index_select(0, picked[start:end]) * w[start:end]
+            )
     return out

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -91,6 +92,13 @@ def _as_tensor(out: Any, what: str) -> Tensor:
         ) from None
 
 
+def _all_finite(out: Tensor) -> bool:
+    """Whether every value is finite (numpy on the CPU: several times faster than torch)."""
+    if out.device.type == "cpu" and out.dtype in (torch.float16, torch.float32, torch.float64):
+        return bool(np.isfinite(out.detach().numpy()).all())
+    return bool(torch.isfinite(out).all())
+
+
 def run_embedder(
     embedder: Any,
     texts: Sequence[str],
@@ -141,8 +149,8 @@ def run_embedder(
             )
         if not out.is_floating_point():
             raise ValidationError(f"{what}: expected a float tensor, found {out.dtype}")
-        bad = ~torch.isfinite(out).all(dim=1)
-        if bool(bad.any()):
+        if not _all_finite(out):
+            bad = ~torch.isfinite(out).all(dim=1)
             row = int(bad.nonzero()[0, 0])
             where = describe(start + row) if describe is not None else f"text {start + row}"
             text = batch[row]
@@ -151,17 +159,22 @@ def run_embedder(
                 f"embedder output for {where} ({shown!r}): expected finite values, found NaN or inf"
             )
         parts.append(out.detach().to(target, torch.float32))
-    return torch.cat(parts, dim=0)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
 
 # -------------------------------------------------------------------------------------------
 # chunking
 # -------------------------------------------------------------------------------------------
-_PARAGRAPH = re.compile(r"(?<=\n\n)")
-_LINE = re.compile(r"(?<=\n)")
-_SENTENCE = re.compile(r"(?<=[。！？!?；;…])|(?<=[.](?=\s))")
-_CLAUSE = re.compile(r"(?<=[，,、：:])")
-_WORD = re.compile(r"(?<=\s)")
+# Each level cuts right after its separators: after "\n\n" (a paragraph), "\n" (a line), a
+# sentence end (。！？!?；;… or a "." before whitespace), a clause mark (，,、：:), whitespace
+# (a word). Paragraphs and words are zero-width splits; lines, sentences and clauses are read
+# as the pieces themselves (a run of other characters ending with its separator: the same
+# pieces, found several times faster).
+_PARAGRAPH = re.compile(r"(?<=\n\n)").split
+_LINE = re.compile(r"[^\n]*\n?").findall
+_SENTENCE = re.compile(r"[^。！？!?；;….]*(?:\.(?!\s)[^。！？!?；;….]*)*[。！？!?；;….]?").findall
+_CLAUSE = re.compile(r"[^，,、：:]*[，,、：:]?").findall
+_WORD = re.compile(r"(?<=\s)").split
 _LEVELS = (_PARAGRAPH, _LINE, _SENTENCE, _CLAUSE, _WORD)
 
 
@@ -174,7 +187,7 @@ def _split(text: str, limit: int, level: int) -> list[str]:
         return [text]
     if level >= len(_LEVELS):
         return [text[i : i + limit] for i in range(0, len(text), limit)]
-    pieces = [p for p in _LEVELS[level].split(text) if p]
+    pieces = list(filter(None, _LEVELS[level](text)))
     if len(pieces) <= 1:
         return _split(text, limit, level + 1)
     out: list[str] = []

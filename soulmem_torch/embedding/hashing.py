@@ -36,6 +36,20 @@ similarity ranking) these defaults score 0.885 (0.88–0.92 over six different h
 features score 0.85 (mean over keys), with ``dim=512`` 0.87 (more hash collisions), and a
 fitted IDF changed nothing on that small corpus. Character trigrams and a general-corpus IDF
 prior (jieba's) were tried and lowered the score.
+
+How it is computed (the same numbers as the rules above, for a batch at a time): every
+distinct text of a batch is tokenized in one C-level pass (ASCII texts by one byte-table
+``translate`` and ``split``, the others by one NFKC / case fold / regex pass over the joined
+texts); tokens map to cached ids in bulk, and a per-process registry holds each token's
+feature ids and each feature's BLAKE2b value (hashed once per process). The feature streams of
+all texts are then built with numpy (gathers, one vectorized pass for the word pairs), the
+per-text counts found by one sort (each text's features keep their first-occurrence order, so
+every column sums its values in the order the per-text definition adds them), and only the
+non-zero cells are computed: each cell's sum in that order, each row norm as numpy's pairwise
+sum of the dense row (:func:`_row_norms` replays it on the cells), the same divisions and
+products. The vectors are bit for bit those of the text-by-text computation, which
+``tests/embedding/test_hashing.py`` keeps as the reference. Python work per text is none; per
+new token or feature, a registry entry.
 """
 
 from __future__ import annotations
@@ -43,9 +57,11 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import threading
 import unicodedata
-from collections import Counter
 from collections.abc import Iterable, Sequence
+from functools import cache
+from itertools import repeat
 
 import numpy as np
 import torch
@@ -67,62 +83,409 @@ _STOPWORDS: frozenset[str] = frozenset(
     they this those through to too under until up ve very was we were what when where which
     while who whom why will with would y you your yours yourself yourselves""".split()
 )
-_RUNS = re.compile(
-    r"(?P<cjk>[\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-    r"\U00020000-\U0003134f]+)|(?P<word>[^\W_]+)"
+_CJK = (
+    r"\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+    r"\U00020000-\U0003134f"
 )
+# A run of CJK characters, a run of other letters / digits (which may go on into CJK
+# characters: the alternation tries CJK first only where a run starts), or the separator that
+# joins the texts of a batch.
+_TOKENS = re.compile(rf"[{_CJK}]+|[^\W_]+|\x00")
+_CJK_START = re.compile(rf"[{_CJK}]")
+_SEP = "\x00"
+# ASCII text: NFKC is the identity, the case fold is ``lower`` and the letter / digit runs are
+# ``[a-z0-9]+``: one byte table lowers letters and blanks everything else (the separator kept).
+_ASCII_TABLE = bytes(
+    c + 32 if 65 <= c <= 90 else c if (97 <= c <= 122 or 48 <= c <= 57 or c == 0) else 32
+    for c in range(256)
+)
+_SORT_KEY_LIMIT = 2**62
+"""Above this ``texts · features · stream length``, :func:`_counts` sorts stably instead."""
+_BLOCK_ROWS = 2048
+"""Distinct texts per dense block (bounds the float64 work matrices to ~16 MB each)."""
+
+_WORD, _STOP, _RUN, _SEPARATOR = 0, 1, 2, 3
 
 
-_WORD_FEATURES: dict[str, tuple[str, tuple[str, ...]] | None] = {}
-_SLOTS: dict[int, dict[str, tuple[int, float]]] = {}
+class _Grow:
+    """An append-only numpy array (amortized doubling)."""
+
+    def __init__(self, dtype: type) -> None:
+        self.data = np.zeros(1024, dtype=dtype)
+        self.size = 0
+
+    def extend(self, values: Sequence[int] | np.ndarray) -> None:
+        values = np.asarray(values, dtype=self.data.dtype)
+        end = self.size + len(values)
+        if end > len(self.data):
+            grown = np.zeros(max(end, 2 * len(self.data)), dtype=self.data.dtype)
+            grown[: self.size] = self.data[: self.size]
+            self.data = grown
+        self.data[self.size : end] = values
+        self.size = end
+
+    def view(self) -> np.ndarray:
+        return self.data[: self.size]
 
 
-def _word_features(word: str) -> tuple[str, tuple[str, ...]] | None:
-    """``("w" + word, its boundary-marked trigram features)``, ``None`` for a stopword (cached:
-    a chat history repeats its words)."""
-    got = _WORD_FEATURES.get(word, False)
-    if got is not False:
-        return got  # type: ignore[return-value]
-    if word in _STOPWORDS:
-        out = None
-    else:
-        marked = f"<{word}>"
-        out = ("w" + word, tuple("t" + marked[i : i + 3] for i in range(len(marked) - 2)))
-    if len(_WORD_FEATURES) < 500_000:
-        _WORD_FEATURES[word] = out
-    return out
+_PAIR = "p{} {}".format
+_HASH_BASE = hashlib.blake2b(digest_size=8, key=_KEY)
 
 
-def _features(text: str) -> tuple[Counter[str], Counter[str]]:
-    """(atoms, links) feature counts of one text."""
-    norm = unicodedata.normalize("NFKC", text).casefold()
-    atoms: list[str] = []
-    links: list[str] = []
-    prev_word: str | None = None
-    for run, word in _RUNS.findall(norm):
-        if run:
-            prev_word = None
-            atoms.extend(["c" + ch for ch in run])
-            links.extend(["b" + run[i : i + 2] for i in range(len(run) - 1)])
+def _digest(feature: str) -> bytes:
+    """``blake2b(feature, digest_size=8, key=_KEY)`` (a copy of the keyed state: no re-keying)."""
+    h = _HASH_BASE.copy()
+    h.update(feature.encode("utf-8"))
+    return h.digest()
+
+
+class _Registry:
+    """Per-process token and feature tables (a chat history repeats its words).
+
+    Tokens (a word, a CJK run, the separator) get ids; each token lists its atom and link
+    feature ids (CSR); each feature keeps its name and its 64-bit keyed BLAKE2b value, from
+    which a width's column (``value % size``) and sign (the top bit) follow. Word pairs are
+    features keyed by their two token ids. The tables are dropped and rebuilt when they grow
+    past their limits (ids are only used within one call).
+    """
+
+    MAX_TOKENS = 500_000
+    MAX_FEATURES = 2_000_000
+    MAX_ENTRIES = 8_000_000
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.clear()
+
+    def clear(self) -> None:
+        self.vocab: dict[str, int] = {}
+        self.tok_str: list[str] = []
+        self.kind = _Grow(np.int8)
+        self.atom_ptr = _Grow(np.int64)
+        self.atom_len = _Grow(np.int64)
+        self.atom_feat = _Grow(np.int64)
+        self.link_ptr = _Grow(np.int64)
+        self.link_len = _Grow(np.int64)
+        self.link_feat = _Grow(np.int64)
+        self.feat_id: dict[str, int] = {}
+        self.feat_str: list[str] = []
+        self.feat_hash = _Grow(np.uint64)
+        # word pairs: their keys ``first << 32 | second`` (token ids) sorted, with feature ids
+        self.pair_key = np.zeros(0, dtype=np.int64)
+        self.pair_feat = np.zeros(0, dtype=np.int64)
+        self._pending: list[str] = []
+        self.generation = getattr(self, "generation", 0) + 1
+        self._add_tokens([_SEP])
+
+    def trim(self) -> None:
+        """Drops the tables if they are past their limits (at the start of a call)."""
+        if (
+            len(self.tok_str) > self.MAX_TOKENS
+            or len(self.feat_str) > self.MAX_FEATURES
+            or self.atom_feat.size + self.link_feat.size > self.MAX_ENTRIES
+        ):
+            self.clear()
+
+    # -- registration (Python per new token / feature only) -------------------------------
+    def _features(self, names: list[str]) -> np.ndarray:
+        """The ids of feature ``names`` (new ones registered, their hashes computed)."""
+        ids = np.fromiter(map(self.feat_id.get, names, repeat(-1)), np.int64, len(names))
+        missing = np.flatnonzero(ids < 0)
+        if len(missing):
+            new = list(dict.fromkeys(map(names.__getitem__, missing.tolist())))
+            start = len(self.feat_str)
+            self.feat_id.update(zip(new, range(start, start + len(new))))
+            self.feat_str.extend(new)
+            self._pending.extend(new)
+            ids[missing] = np.fromiter(
+                map(self.feat_id.__getitem__, map(names.__getitem__, missing.tolist())),
+                np.int64,
+                len(missing),
+            )
+        return ids
+
+    def _flush_hashes(self) -> None:
+        if self._pending:
+            digests = b"".join(map(_digest, self._pending))
+            self.feat_hash.extend(np.frombuffer(digests, dtype="<u8"))
+            self._pending = []
+
+    def _add_tokens(self, tokens: list[str]) -> None:
+        kinds: list[int] = []
+        atoms: list[str] = []
+        links: list[str] = []
+        a_len: list[int] = []
+        l_len: list[int] = []
+        for tok in tokens:
+            if tok == _SEP or tok in _STOPWORDS:
+                kinds.append(_SEPARATOR if tok == _SEP else _STOP)
+                a_len.append(0)
+                l_len.append(0)
+            elif _CJK_START.match(tok):  # a CJK run: its characters, its bigrams
+                kinds.append(_RUN)
+                atoms.extend(["c" + ch for ch in tok])
+                links.extend(["b" + tok[i : i + 2] for i in range(len(tok) - 1)])
+                a_len.append(len(tok))
+                l_len.append(len(tok) - 1)
+            else:  # a word: itself, its boundary-marked character trigrams
+                kinds.append(_WORD)
+                atoms.append("w" + tok)
+                marked = f"<{tok}>"
+                links.extend(["t" + marked[i : i + 3] for i in range(len(tok))])
+                a_len.append(1)
+                l_len.append(len(tok))
+        start = len(self.tok_str)
+        self.vocab.update(zip(tokens, range(start, start + len(tokens))))
+        self.tok_str.extend(tokens)
+        self.kind.extend(kinds)
+        a_len_arr = np.asarray(a_len, dtype=np.int64)
+        l_len_arr = np.asarray(l_len, dtype=np.int64)
+        self.atom_ptr.extend(self.atom_feat.size + np.cumsum(a_len_arr) - a_len_arr)
+        self.link_ptr.extend(self.link_feat.size + np.cumsum(l_len_arr) - l_len_arr)
+        self.atom_len.extend(a_len_arr)
+        self.link_len.extend(l_len_arr)
+        self.atom_feat.extend(self._features(atoms))
+        self.link_feat.extend(self._features(links))
+        self._flush_hashes()
+
+    def token_ids(self, tokens: list[str]) -> np.ndarray:
+        """The ids of ``tokens`` (new ones registered), int64: one lookup pass."""
+        ids = np.fromiter(map(self.vocab.get, tokens, repeat(-1)), np.int64, len(tokens))
+        missing = np.flatnonzero(ids < 0)
+        if len(missing):
+            # in their first-occurrence order (ids independent of the string hash seed)
+            new = list(dict.fromkeys(map(tokens.__getitem__, missing.tolist())))
+            self._add_tokens(new)
+            ids[missing] = np.fromiter(
+                map(self.vocab.__getitem__, map(tokens.__getitem__, missing.tolist())),
+                np.int64,
+                len(missing),
+            )
+        return ids
+
+    def pair_ids(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+        """The feature ids of the word pairs ``"p" + first + " " + second`` (token ids), new
+        ones registered: one sorted lookup for the distinct pairs of the call."""
+        keys, inverse = np.unique((first << 32) | second, return_inverse=True)
+        at = np.searchsorted(self.pair_key, keys)
+        known = at < len(self.pair_key)
+        known[known] = self.pair_key[at[known]] == keys[known]
+        out = np.empty(len(keys), dtype=np.int64)
+        out[known] = self.pair_feat[at[known]]
+        new = keys[~known]
+        if len(new):
+            word = self.tok_str.__getitem__
+            names = list(
+                map(_PAIR, map(word, (new >> 32).tolist()), map(word, (new & 0xFFFFFFFF).tolist()))
+            )
+            start = len(self.feat_str)
+            fids = np.arange(start, start + len(new), dtype=np.int64)
+            self.feat_str.extend(names)
+            self._pending.extend(names)
+            self._flush_hashes()
+            out[~known] = fids
+            self.pair_key = np.insert(self.pair_key, at[~known], new)
+            self.pair_feat = np.insert(self.pair_feat, at[~known], fids)
+        return out[inverse.reshape(-1)]
+
+
+_REGISTRY = _Registry()
+
+
+def _gather(ptr: np.ndarray, length: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The concatenation of ``values[ptr[i] : ptr[i] + length[i]]`` over ``i``."""
+    total = int(length.sum())
+    if total == 0:
+        return np.zeros(0, dtype=values.dtype)
+    ends = np.cumsum(length)
+    offset = np.repeat(ptr - (ends - length), length)
+    return values[offset + np.arange(total, dtype=np.int64)]
+
+
+def _tokenize(reg: _Registry, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(token ids, row of each token)`` of ``texts`` in reading order, separators dropped."""
+    if not texts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    ascii_mask = np.fromiter(map(str.isascii, texts), bool, len(texts))
+    ids_parts: list[np.ndarray] = []
+    row_parts: list[np.ndarray] = []
+    for is_ascii in (True, False):
+        rows = np.flatnonzero(ascii_mask == is_ascii)
+        if not len(rows):
             continue
-        feats = _word_features(word)
-        if feats is None:  # function words: in nearly every English text, they only
-            continue  # flatten the cosines (a pair skips over them)
-        atoms.append(feats[0])
-        links.extend(feats[1])
-        if prev_word is not None:
-            links.append("p" + prev_word + " " + word)
-        prev_word = word
-    return Counter(atoms), Counter(links)
+        group = [texts[i] for i in rows.tolist()]
+        joined = (" \x00 " if is_ascii else _SEP).join(group)
+        if joined.count(_SEP) != len(group) - 1:
+            # a text holds the separator itself (NUL separates runs like any punctuation):
+            # those texts are read one by one
+            alone = [k for k, t in enumerate(group) if _SEP in t]
+            for k in alone:  # (the regex reads NUL as a token of its own: dropped)
+                ids = _group_ids(reg, group[k], is_ascii=False)
+                ids = ids[ids != 0]
+                ids_parts.append(ids)
+                row_parts.append(np.full(len(ids), rows[k], dtype=np.int64))
+            keep = np.ones(len(group), dtype=bool)
+            keep[alone] = False
+            rows = rows[keep]
+            group = [t for t, k in zip(group, keep.tolist()) if k]
+            if not group:
+                continue
+            joined = (" \x00 " if is_ascii else _SEP).join(group)
+        ids = _group_ids(reg, joined, is_ascii)
+        sep = ids == 0
+        local = np.cumsum(sep)
+        keep_tok = ~sep
+        ids_parts.append(ids[keep_tok])
+        row_parts.append(rows[local[keep_tok]])
+    return np.concatenate(ids_parts), np.concatenate(row_parts)
 
 
-def _sum_into(cols: list[np.ndarray], vals: list[np.ndarray], n: int, size: int) -> np.ndarray:
-    """``(n, size)`` float64: the values summed into their flat ``row · size + column`` bins."""
-    if not cols:
-        return np.zeros((n, size), dtype=np.float64)
-    return np.bincount(
-        np.concatenate(cols), weights=np.concatenate(vals), minlength=n * size
-    ).reshape(n, size)
+def _group_ids(reg: _Registry, joined: str, is_ascii: bool) -> np.ndarray:
+    if is_ascii:
+        tokens = joined.encode("ascii").translate(_ASCII_TABLE).decode("ascii").split()
+    else:
+        tokens = _TOKENS.findall(unicodedata.normalize("NFKC", joined).casefold())
+    return reg.token_ids(tokens)
+
+
+def _streams(
+    reg: _Registry, ids: np.ndarray, rows: np.ndarray
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """The atom and link feature streams ``(feature ids, rows)`` in each text's reading order:
+    atoms — each token's; links — each token's, then (for a word) its pair with the previous
+    word of the text, stopwords skipped, a CJK run in between breaking the pair."""
+    kind = reg.kind.view()[ids]
+    a_len = reg.atom_len.view()[ids]
+    atoms = _gather(reg.atom_ptr.view()[ids], a_len, reg.atom_feat.view())
+    a_rows = np.repeat(rows, a_len)
+    # the pairs: over the tokens that are not stopwords, a word right after a word of its text
+    content = np.flatnonzero(kind != _STOP)
+    c_kind = kind[content]
+    c_rows = rows[content]
+    paired = np.zeros(len(content), dtype=bool)
+    paired[1:] = (c_kind[1:] == _WORD) & (c_kind[:-1] == _WORD) & (c_rows[1:] == c_rows[:-1])
+    at = np.flatnonzero(paired)
+    has_pair = np.zeros(len(ids), dtype=np.int64)
+    pair_tok = content[at]
+    has_pair[pair_tok] = 1
+    l_len = reg.link_len.view()[ids]
+    links = _gather(reg.link_ptr.view()[ids], l_len, reg.link_feat.view())
+    if len(at):  # each pair right after its word's own links
+        links = np.insert(
+            links,
+            np.cumsum(l_len)[pair_tok],
+            reg.pair_ids(ids[content[at - 1]], ids[pair_tok]),
+        )
+    l_rows = np.repeat(rows, l_len + has_pair)
+    return (atoms, a_rows), (links, l_rows)
+
+
+def _counts(feats: np.ndarray, rows: np.ndarray, num_features: int) -> tuple[np.ndarray, ...]:
+    """Each text's distinct features with their counts, in first-occurrence order (the order
+    of a ``Counter`` of the text): ``(features, rows, counts)``."""
+    n = len(feats)
+    if n == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    key = rows * num_features + feats
+    count_at = np.zeros(n, dtype=np.int64)
+    if (int(rows.max()) + 1) * num_features * n < _SORT_KEY_LIMIT:
+        # (text, feature, position) keys are distinct: a plain sort puts each text's feature
+        # group in order with its first occurrence at the head
+        key = np.sort(key * n + np.arange(n, dtype=np.int64))
+        group = key // n
+        starts = np.flatnonzero(np.concatenate(([True], group[1:] != group[:-1])))
+        count_at[key[starts] % n] = np.diff(np.append(starts, n))
+    else:  # (huge texts) a stable sort does the same
+        order = np.argsort(key, kind="stable")
+        ordered = key[order]
+        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+        count_at[order[starts]] = np.diff(np.append(starts, n))
+    first = count_at > 0
+    return feats[first], rows[first], count_at[first]
+
+
+def _cells(
+    rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, size: int
+) -> tuple[np.ndarray, ...]:
+    """The non-zero cells of the ``(texts, size)`` block: ``(rows, cols, sums)`` in row, column
+    order, each cell's values summed in their input order (as a dense ``bincount`` adds them)."""
+    m = len(rows)
+    if m == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, np.zeros(0, dtype=np.float64)
+    # (cell, position) keys are distinct: a plain sort groups each cell in input order
+    key = np.sort((rows * size + cols) * m + np.arange(m, dtype=np.int64))
+    cell = key // m
+    head = np.concatenate(([True], cell[1:] != cell[:-1]))
+    sums = np.bincount(np.cumsum(head) - 1, weights=vals[key % m])
+    first = cell[head]
+    return first // size, first % size, sums
+
+
+@cache
+def _pairwise_plan(length: int) -> tuple[np.ndarray, int, tuple]:
+    """numpy's pairwise summation of a row of ``length`` values (``add.reduce``, float64) as
+    accumulator slots: ``(slot of each column, slot count, the summation tree)``.
+
+    numpy sums fewer than 8 values in order; up to 128 values in 8 interleaved accumulators
+    (lane ``i % 8``) combined as ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``, then the
+    remainder in order; longer rows as two halves (the first a multiple of 8 long), added.
+    """
+    slot_of = np.empty(length, dtype=np.int64)
+    count = 0
+
+    def slots(k: int) -> tuple[int, ...]:
+        nonlocal count
+        count += k
+        return tuple(range(count - k, count))
+
+    def build(start: int, n: int) -> tuple:
+        if n < 8:
+            seq = slots(n)
+            slot_of[start : start + n] = seq
+            return ("seq", seq)
+        if n <= 128:
+            lanes = slots(8)
+            body = n - n % 8
+            slot_of[start : start + body] = np.tile(lanes, body // 8)
+            tail = slots(n - body)
+            slot_of[start + body : start + n] = tail
+            return ("lanes", lanes, tail)
+        half = n // 2 - (n // 2) % 8
+        return ("add", build(start, half), build(start + half, n - half))
+
+    tree = build(0, length)
+    return slot_of, count, tree
+
+
+def _replay(tree: tuple, acc: np.ndarray) -> np.ndarray:
+    if tree[0] == "add":
+        return _replay(tree[1], acc) + _replay(tree[2], acc)
+    if tree[0] == "seq":
+        res = acc[:, tree[1][0]]
+        for s in tree[1][1:]:
+            res = res + acc[:, s]
+        return res
+    r = [acc[:, s] for s in tree[1]]
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    for s in tree[2]:
+        res = res + acc[:, s]
+    return res
+
+
+def _row_norms(
+    rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n: int, length: int
+) -> np.ndarray:
+    """``np.linalg.norm(dense, axis=1)`` of the ``(n, length)`` matrix holding ``vals`` at
+    ``(rows, cols)`` (distinct cells in row, column order) and zeros elsewhere, bit for bit:
+    each accumulator of numpy's pairwise sum adds its cells' squares in column order (adding
+    the zeros in between changes nothing), then the accumulators are combined as numpy does."""
+    slot_of, count, tree = _pairwise_plan(length)
+    acc = np.bincount(
+        rows * count + slot_of[cols], weights=vals * vals, minlength=n * count
+    ).reshape(n, count)
+    return np.sqrt(_replay(tree, acc))
 
 
 class HashingEmbedder:
@@ -170,9 +533,6 @@ class HashingEmbedder:
         self._idf_default = 1.0
         if self.idf:
             self._idf_default = max(self.idf.values())
-        # a feature's (column, sign) depends only on the width: one cache per width, shared by
-        # every embedder of that width (a bank's agents, a loop of memories)
-        self._slots = _SLOTS.setdefault(dim, {})
 
     def __repr__(self) -> str:
         fitted = f", fitted on {len(self.idf)} features" if self.idf else ""
@@ -188,86 +548,98 @@ class HashingEmbedder:
         Unseen features get the largest weight (``ln(1 + n) + 1``). Returns ``self``.
         Useful for large, homogeneous memories; the unfitted embedder needs no corpus.
         """
-        df: Counter[str] = Counter()
-        n = 0
-        for text in corpus:
+        texts = list(corpus)
+        for text in texts:
             if not isinstance(text, str):
                 raise ValidationError(f"corpus: expected strings, found {type(text).__name__}")
-            atoms, links = _features(text)
-            df.update(set(atoms) | set(links))
-            n += 1
+        reg = _REGISTRY
+        df: dict[str, int] = {}
+        with reg.lock:
+            reg.trim()
+            for start in range(0, len(texts), _BLOCK_ROWS):
+                ids, rows = _tokenize(reg, texts[start : start + _BLOCK_ROWS])
+                for feats, frows in _streams(reg, ids, rows):
+                    distinct, _, _ = _counts(feats, frows, len(reg.feat_str))
+                    per_feature = np.bincount(distinct, minlength=len(reg.feat_str))
+                    for f in np.flatnonzero(per_feature).tolist():
+                        name = reg.feat_str[f]
+                        df[name] = df.get(name, 0) + int(per_feature[f])
+        n = len(texts)
         self.idf = {feat: math.log((1 + n) / (1 + c)) + 1.0 for feat, c in df.items()}
         self._idf_default = math.log(1 + n) + 1.0
         return self
-
-    # -- hashing --------------------------------------------------------------------------
-    def _slot(self, feature: str, size: int) -> tuple[int, float]:
-        # Atom and link features never share a name (distinct prefixes), so one cache serves
-        # both blocks.
-        cached = self._slots.get(feature)
-        if cached is not None:
-            return cached
-        digest = hashlib.blake2b(feature.encode("utf-8"), digest_size=8, key=_KEY).digest()
-        value = int.from_bytes(digest, "little")
-        slot = (value % size, -1.0 if value >> 63 else 1.0)
-        if len(self._slots) < 1_000_000:
-            self._slots[feature] = slot
-        return slot
-
-    def _block(self, counts: Counter[str], size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Columns and signed ``(1 + ln tf)·idf`` values of one text's features."""
-        slots = self._slots
-        found = list(map(slots.get, counts))
-        if None in found:
-            found = [f if f is not None else self._slot(k, size) for f, k in zip(found, counts)]
-        if not found:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-        cols, signs = zip(*found)
-        weight = 1.0 + np.log(np.fromiter(counts.values(), dtype=np.float64, count=len(counts)))
-        if self.idf is not None:
-            idf, default = self.idf, self._idf_default
-            weight *= np.fromiter(
-                (idf.get(f, default) for f in counts), dtype=np.float64, count=len(counts)
-            )
-        return np.asarray(cols, dtype=np.int64), np.asarray(signs, dtype=np.float64) * weight
 
     # -- embedding ------------------------------------------------------------------------
     def __call__(self, texts: Sequence[str]) -> Tensor:
         """Embeds a batch: ``(len(texts), dim)`` float32, rows unit-norm or zero (no feature)."""
         if isinstance(texts, str):
             raise ValidationError("texts: expected a sequence of strings, found one str")
+        texts = list(texts)
+        if not all(map(str.__instancecheck__, texts)):
+            row = next(i for i, t in enumerate(texts) if not isinstance(t, str))
+            raise ValidationError(
+                f"texts[{row}]: expected a str, found {type(texts[row]).__name__}"
+            )
+        distinct = list(dict.fromkeys(texts))  # (times, speakers, empty fields repeat)
+        out = np.zeros((len(distinct), self.dim), dtype=np.float32)
+        reg = _REGISTRY
+        with reg.lock:
+            reg.trim()
+            for start in range(0, len(distinct), _BLOCK_ROWS):
+                block = distinct[start : start + _BLOCK_ROWS]
+                self._dense(reg, block, out[start : start + len(block)])
+        if len(distinct) < len(texts):
+            position = dict(zip(distinct, range(len(distinct))))
+            out = out[np.fromiter(map(position.__getitem__, texts), np.int64, len(texts))]
+        return torch.from_numpy(out)
+
+    def _values(
+        self, reg: _Registry, feats: np.ndarray, counts: np.ndarray, size: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Columns and signed ``(1 + ln tf)·idf`` values of the features."""
+        value = reg.feat_hash.view()[feats]
+        cols = (value % np.uint64(size)).astype(np.int64)
+        signs = np.where(value >> np.uint64(63), -1.0, 1.0)
+        weight = 1.0 + np.log(counts.astype(np.float64))
+        if self.idf is not None:
+            idf, default, names = self.idf, self._idf_default, reg.feat_str
+            weight *= np.fromiter(
+                (idf.get(names[f], default) for f in feats.tolist()),
+                dtype=np.float64,
+                count=len(feats),
+            )
+        return cols, signs * weight
+
+    def _dense(self, reg: _Registry, texts: list[str], out: np.ndarray) -> None:
+        """Writes the vectors of distinct ``texts`` into ``out`` (``(len(texts), dim)`` f32,
+        C-contiguous).
+
+        Only the non-zero cells are computed, each with the roundings of the dense definition:
+        a cell sums its values in stream order (as the dense ``bincount``), each row norm is
+        numpy's pairwise sum of the dense row replayed on its cells (:func:`_row_norms`), and
+        the divisions and products are the same elementwise operations."""
         n = len(texts)
-        a_size, l_size = self._atom_size, self._link_size
-        # every text's signed feature values, summed per (row, column) by one bincount per
-        # block: bins add their values in input order, as an in-place add would row by row
-        a_cols: list[np.ndarray] = []
-        a_vals: list[np.ndarray] = []
-        l_cols: list[np.ndarray] = []
-        l_vals: list[np.ndarray] = []
-        for row, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise ValidationError(f"texts[{row}]: expected a str, found {type(text).__name__}")
-            atoms, links = _features(text)
-            if atoms:
-                cols, vals = self._block(atoms, a_size)
-                a_cols.append(cols + row * a_size)
-                a_vals.append(vals)
-            if links:
-                cols, vals = self._block(links, l_size)
-                l_cols.append(cols + row * l_size)
-                l_vals.append(vals)
-        atoms_m = _sum_into(a_cols, a_vals, n, a_size)
-        links_m = _sum_into(l_cols, l_vals, n, l_size)
-        a_norm = np.linalg.norm(atoms_m, axis=1, keepdims=True)
-        l_norm = np.linalg.norm(links_m, axis=1, keepdims=True)
-        atoms_m = np.divide(atoms_m, a_norm, out=np.zeros_like(atoms_m), where=a_norm > 0)
-        links_m = np.divide(links_m, l_norm, out=np.zeros_like(links_m), where=l_norm > 0)
-        lexical = np.concatenate([atoms_m, self.link_weight * links_m], axis=1)
-        lex_norm = np.linalg.norm(lexical, axis=1, keepdims=True)
+        ids, rows = _tokenize(reg, texts)
+        cells = []
+        for (feats, frows), size in zip(
+            _streams(reg, ids, rows), (self._atom_size, self._link_size)
+        ):
+            f, r, c = _counts(feats, frows, len(reg.feat_str))
+            cols, vals = self._values(reg, f, c, size)
+            b_rows, b_cols, sums = _cells(r, cols, vals, size)
+            norm = _row_norms(b_rows, b_cols, sums, n, size)
+            cells.append((b_rows, b_cols, sums / np.where(norm > 0, norm, 1.0)[b_rows]))
+        (a_rows, a_cols, a_vals), (l_rows, l_cols, l_vals) = cells
+        # the lexical row: atoms, then the links times link_weight (cells in row, column order)
+        order = np.argsort(np.concatenate([a_rows, l_rows]), kind="stable")
+        lex_rows = np.concatenate([a_rows, l_rows])[order]
+        lex_cols = np.concatenate([a_cols, l_cols + self._atom_size])[order]
+        lex_vals = np.concatenate([a_vals, l_vals * self.link_weight])[order]
+        lex_norm = _row_norms(lex_rows, lex_cols, lex_vals, n, self.dim - 1)
         nonempty = lex_norm > 0
-        lexical = np.divide(lexical, lex_norm, out=np.zeros_like(lexical), where=nonempty)
-        out = np.concatenate(
-            [math.sqrt(1.0 - self.baseline) * lexical, math.sqrt(self.baseline) * nonempty],
-            axis=1,
+        final = (
+            lex_vals / np.where(nonempty, lex_norm, 1.0)[lex_rows] * math.sqrt(1.0 - self.baseline)
         )
-        return torch.from_numpy(out.astype(np.float32))
+        out[:] = 0.0
+        out.reshape(-1)[lex_rows * self.dim + lex_cols] = final.astype(np.float32)
+        out[:, -1] = math.sqrt(self.baseline) * nonempty

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.embedding._plan import EmbeddingPlan
 from soulmem_torch.embedding.embedder import DEFAULT_CHUNK_CHARS
 from soulmem_torch.embedding.fields import EmbeddedMemoryNote, MemoryEmbedding
@@ -202,6 +203,7 @@ class _NotePlanner:
         return tag, fields
 
 
+@gc_paused()  # a plan holds a few small acyclic objects per field (see soulmem_torch._gcpause)
 def embed_notes(
     notes: Sequence[MemoryNote | EmbeddedMemoryNote],
     embedder: Any,
@@ -277,6 +279,7 @@ def note_plain_text(note: MemoryNote) -> str:
     return "\n".join(p for p in parts if p)
 
 
+@gc_paused()
 def embed_texts(
     texts: Sequence[str],
     embedder: Any,

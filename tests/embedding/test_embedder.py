@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -139,3 +142,55 @@ def test_sentence_transformers_adapter() -> None:
     assert emb.embed_query(["ab"]).tolist() == [[4.0, 1.0, 0.0]]
     with pytest.raises(ValidationError, match="model"):
         SentenceTransformerEmbedder(object())
+
+
+# The splitter as first written: every level a zero-width split after its separators.
+_REF_LEVELS = tuple(
+    re.compile(p)
+    for p in (r"(?<=\n\n)", r"(?<=\n)", r"(?<=[。！？!?；;…])|(?<=[.](?=\s))", r"(?<=[，,、：:])",
+              r"(?<=\s)")
+)  # fmt: skip
+
+
+def _ref_split(text: str, limit: int, level: int) -> list[str]:
+    if len(text) <= limit:
+        return [text]
+    if level >= len(_REF_LEVELS):
+        return [text[i : i + limit] for i in range(0, len(text), limit)]
+    pieces = [p for p in _REF_LEVELS[level].split(text) if p]
+    if len(pieces) <= 1:
+        return _ref_split(text, limit, level + 1)
+    out: list[str] = []
+    for piece in pieces:
+        out.extend(_ref_split(piece, limit, level + 1) if len(piece) > limit else [piece])
+    return out
+
+
+def _ref_chunk_text(text: str, max_chars: int) -> list[str]:
+    stripped = text.strip()
+    if not stripped:
+        return []
+    if len(stripped) <= max_chars:
+        return [stripped]
+    chunks: list[str] = []
+    current = ""
+    for piece in _ref_split(stripped, max_chars, 0):
+        if len(current) + len(piece) <= max_chars:
+            current += piece
+            continue
+        if current.strip():
+            chunks.append(current.strip())
+        current = piece
+    if current.strip():
+        chunks.append(current.strip())
+    return chunks
+
+
+def test_chunk_text_matches_the_zero_width_splitter() -> None:
+    rng = random.Random(3)
+    alphabet = [*"ab .\n\t。！？!?；;…，,、：: \u3000\u00a0x\r\x1c", "\n\n", "...", ". "]
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 300))) for _ in range(3000)]
+    texts += ["a.b. c.\n\n\nd", "x" * 450, "。" * 250, "end." * 80, "，" * 201]
+    for limit in (200, 7, 50):
+        for text in texts:
+            assert chunk_text(text, limit) == _ref_chunk_text(text, limit), (limit, text)
