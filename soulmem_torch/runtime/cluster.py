@@ -713,6 +713,14 @@ class MemoryCluster:
                 self._derived[key] = build()
             return self._derived[key]
 
+    def cached(self, key: Hashable) -> Any:
+        """What :meth:`derived` holds for ``key`` at the current version, or ``None`` (nothing
+        is built)."""
+        with self._lock:
+            if self._derived_version != self._version:
+                return None
+            return self._derived.get(key)
+
     # -- internals ------------------------------------------------------------------------
     def _touch(self) -> None:
         self._version += 1
