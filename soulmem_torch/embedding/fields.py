@@ -338,14 +338,18 @@ def _stack_compact_fast(
             field_rows = torch.stack(vectors) if vectors else None
     except _FAST_ERRORS:
         return None
-    tag_emb = torch.zeros(n, d, dtype=torch.float32)
-    tag_mask = torch.zeros(n, dtype=torch.bool)
     for table in (stacked_tags, field_rows):
         if table is None:
             continue
         if table.dim() != 2 or table.shape[1] != d or not _all_finite(table):
             return None
-    if stacked_tags is not None:
+    if stacked_tags is not None and len(rows) == n:  # every note embedded: the stack is it
+        tag_emb = stacked_tags.detach().to("cpu", torch.float32).contiguous()
+        tag_mask = torch.ones(n, dtype=torch.bool)
+    else:
+        tag_emb = torch.zeros(n, d, dtype=torch.float32)
+        tag_mask = torch.zeros(n, dtype=torch.bool)
+    if stacked_tags is not None and len(rows) < n:
         index = torch.tensor(rows, dtype=torch.long)
         tag_emb[index] = stacked_tags.detach().to("cpu", torch.float32)
         tag_mask[index] = True

@@ -30,9 +30,12 @@ def _embeddings(seed: int = 0, n: int = 40, d: int = 8) -> list[MemoryEmbedding 
     return out
 
 
+@pytest.mark.parametrize("every_note", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_bulk_stacking_equals_the_checked_path_bit_for_bit(seed: int) -> None:
+def test_bulk_stacking_equals_the_checked_path_bit_for_bit(seed: int, every_note: bool) -> None:
     embs = _embeddings(seed)
+    if every_note:
+        embs = [e for e in embs if e is not None]
     fast = stack_compact_field_embeddings(embs)
     slow = _stack_compact_checked(embs, len(embs), 8)
     for a, b in zip(fast, slow):
