@@ -341,22 +341,27 @@ def _stack_compact_fast(
     for table in (stacked_tags, field_rows):
         if table is None:
             continue
-        if table.dim() != 2 or table.shape[1] != d or not _all_finite(table):
+        if table.dim() != 2 or table.shape[1] != d:
             return None
+    if stacked_tags is not None:
+        stacked_tags = stacked_tags.detach().to("cpu", torch.float32)
+    if field_rows is not None:
+        field_rows = field_rows.detach().to("cpu", torch.float32)
+    # checked as float32 (a float64 value past float32's range is no finite entry either)
+    if any(t is not None and not _all_finite(t) for t in (stacked_tags, field_rows)):
+        return None
     if stacked_tags is not None and len(rows) == n:  # every note embedded: the stack is it
-        tag_emb = stacked_tags.detach().to("cpu", torch.float32).contiguous()
+        tag_emb = stacked_tags.contiguous()
         tag_mask = torch.ones(n, dtype=torch.bool)
     else:
         tag_emb = torch.zeros(n, d, dtype=torch.float32)
         tag_mask = torch.zeros(n, dtype=torch.bool)
     if stacked_tags is not None and len(rows) < n:
         index = torch.tensor(rows, dtype=torch.long)
-        tag_emb[index] = stacked_tags.detach().to("cpu", torch.float32)
+        tag_emb[index] = stacked_tags
         tag_mask[index] = True
     if field_rows is None:
         field_rows = torch.zeros(0, d, dtype=torch.float32)
-    else:
-        field_rows = field_rows.detach().to("cpu", torch.float32)
     return tag_emb, tag_mask, field_rows, _field_pos(n, f, per_field, cells, local, cell_field)
 
 
@@ -436,7 +441,22 @@ def _stack_compact_checked(
         tag_mask[index] = True
     vectors = [v.to("cpu", torch.float32) for group in per_field for v in group]
     field_rows = torch.stack(vectors) if vectors else torch.zeros(0, d, dtype=torch.float32)
-    return tag_emb, tag_mask, field_rows, _field_pos(n, f, per_field, cells, local, cell_field)
+    field_pos = _field_pos(n, f, per_field, cells, local, cell_field)
+    # finite as given, but past float32's range once stored as float32 (a float64 input)
+    for name, table in (("tag", tag_emb), ("fields", field_rows)):
+        if not _all_finite(table):
+            row = int((~torch.isfinite(table)).any(dim=1).nonzero()[0, 0])
+            where = f"embeddings[{row}].tag" if name == "tag" else _cell_of(field_pos, row)
+            raise ValidationError(
+                f"{where}: expected values within float32's range, found one that overflows it"
+            )
+    return tag_emb, tag_mask, field_rows, field_pos
+
+
+def _cell_of(field_pos: Tensor, row: int) -> str:
+    """``embeddings[i].fields['name']`` of the first cell stored in ``field_rows`` row ``row``."""
+    note, j = (int(x) for x in (field_pos == row).nonzero()[0])
+    return f"embeddings[{note}].fields[{FIELD_NAMES[j]!r}]"
 
 
 def dense_to_compact(field_emb: Tensor, field_mask: Tensor) -> tuple[Tensor, Tensor]:

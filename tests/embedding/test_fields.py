@@ -84,3 +84,17 @@ def test_a_bad_tag_and_a_bad_entry_are_named() -> None:
     embs[2] = "x"  # type: ignore[call-overload]
     with pytest.raises(ValidationError, match=r"embeddings\[2\]: expected a MemoryEmbedding"):
         stack_compact_field_embeddings(embs)
+
+
+def test_a_float64_value_past_float32s_range_is_named() -> None:
+    embs = _embeddings(6)
+    big = torch.zeros(8, dtype=torch.float64)
+    big[2] = 1e300  # finite as float64, inf as float32
+    embs[5] = MemoryEmbedding(tag=torch.ones(8), fields={"event_action": big})
+    with pytest.raises(
+        ValidationError, match=r"embeddings\[5\]\.fields\['event_action'\]: .*float32"
+    ):
+        stack_compact_field_embeddings(embs)
+    embs[5] = MemoryEmbedding(tag=big, fields={})
+    with pytest.raises(ValidationError, match=r"embeddings\[5\]\.tag: .*float32"):
+        stack_compact_field_embeddings(embs)
