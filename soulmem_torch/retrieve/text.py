@@ -82,17 +82,23 @@ def _stemmer() -> Any:
     return snowballstemmer.stemmer("english")
 
 
-_WORD_TERMS: dict[str, str] = {}
+class _TermCache(dict):  # type: ignore[type-arg]
+    """casefolded word → its term; ``cache[word]`` computes a missing one (so a ``map`` of
+    ``__getitem__`` over a note's words runs without a Python call per known word)."""
+
+    def __missing__(self, word: str) -> str:
+        term = "" if word in STOPWORDS else _stemmer().stemWord(word)
+        if len(self) < 500_000:
+            self[word] = term
+        return term
+
+
+_WORD_TERMS: dict[str, str] = _TermCache()
 
 
 def _word_term(word: str) -> str:
     """The term of one casefolded word: its Snowball stem, ``""`` for a stopword (cached)."""
-    term = _WORD_TERMS.get(word)
-    if term is None:
-        term = "" if word in STOPWORDS else _stemmer().stemWord(word)
-        if len(_WORD_TERMS) < 500_000:
-            _WORD_TERMS[word] = term
-    return term
+    return _WORD_TERMS[word]
 
 
 @functools.lru_cache(maxsize=8192)
@@ -221,8 +227,7 @@ class TextIndex:
 
 
 # One pass over all notes' strings: strings joined by \x00 (no term crosses it, as none
-# crosses a string's end) and notes by \x01, which the pattern's ``sep`` group reports.
-_BULK_RUNS = re.compile(_RUNS.pattern + r"|(?P<sep>\x01)")
+# crosses a string's end) and notes by \x01 (the text is split there after normalizing).
 
 
 def _bulk_text(notes: Sequence[MemoryNote]) -> str:
@@ -232,6 +237,34 @@ def _bulk_text(notes: Sequence[MemoryNote]) -> str:
             "\x00".join(s.replace("\x01", " ") for s in note_strings(note)) for note in notes
         )  # (a control character splits words as a space does: the terms are the same)
     return text
+
+
+_CJK = re.compile(_RUNS.pattern.split("|(?P<word>")[0])
+_WORDS = re.compile(r"[^\W_]+")
+
+
+def _bulk_terms(norm: str, terms: list[str], ends: list[int]) -> None:
+    """The terms of each note of a normalized bulk text (notes split at ``\x01``) appended
+    to ``terms``, ``len(terms)`` after each note to ``ends``: a note without CJK runs is read
+    by one word pattern and its terms looked up by one ``map`` (no Python step per word); a
+    note with some reads its runs in order, as :func:`text_terms` does."""
+    lookup = _WORD_TERMS.__getitem__
+    search, words = _CJK.search, _WORDS.findall
+    add, extend = terms.append, terms.extend
+    for text in norm.split("\x01"):
+        if search(text) is None:
+            extend(filter(None, map(lookup, words(text))))
+        else:
+            for run, word in _RUNS.findall(text):
+                if word:
+                    term = lookup(word)
+                    if term:
+                        add(term)
+                elif len(run) == 1:
+                    add(run)
+                else:
+                    extend([run[k : k + 2] for k in range(len(run) - 1)])
+        ends.append(len(terms))
 
 
 def build_text_index(notes: Sequence[MemoryNote], *, device: torch.device) -> TextIndex:
@@ -258,24 +291,9 @@ def build_text_indexes(
     norm = unicodedata.normalize("NFKC", _bulk_text(everything)).casefold()
     terms: list[str] = []
     ends: list[int] = []  # len(terms) at the end of each note
-    add, extend = terms.append, terms.extend
-    get = _WORD_TERMS.get
-    for run, word, sep in _BULK_RUNS.findall(norm):
-        if word:
-            term = get(word)
-            if term is None:
-                term = _word_term(word)
-            if term:
-                add(term)
-        elif sep:
-            ends.append(len(terms))
-        elif len(run) == 1:
-            add(run)
-        else:
-            extend([run[k : k + 2] for k in range(len(run) - 1)])
     n = len(everything)
     if n:
-        ends.append(len(terms))
+        _bulk_terms(norm, terms, ends)
     # each memory's term ids in order of first appearance (what a per-note Counter would give)
     vocabs: list[dict[str, int]] = []
     ids: list[int] = []  # each term's column in its memory's vocabulary

@@ -50,3 +50,54 @@ def test_one_pass_over_many_memories_equals_each_memory_alone() -> None:
     assert len(together) == len(memories)
     for notes_k, index in zip(memories, together):
         _same_index(index, build_text_index(notes_k, device=cpu))
+
+
+def _reference_index(notes):
+    """The index as per-note ``text_terms`` of each string define it: term ids in order of
+    first appearance, counts per (note, term), one memory's BM25."""
+    from soulmem_torch.functional.fusion import bm25_note_weights, bm25_term_major
+    from soulmem_torch.retrieve.text import text_terms
+
+    per_note = [[t for s in note_strings(note) for t in text_terms(s)] for note in notes]
+    vocab: dict[str, int] = {}
+    for terms in per_note:
+        for t in terms:
+            vocab.setdefault(t, len(vocab))
+    counts: dict[tuple[int, int], int] = {}
+    for i, terms in enumerate(per_note):
+        for t in terms:
+            counts[(i, vocab[t])] = counts.get((i, vocab[t]), 0) + 1
+    keys = sorted(counts)
+    tf = torch.sparse_coo_tensor(
+        torch.tensor(keys, dtype=torch.int64).reshape(-1, 2).T,
+        torch.tensor([counts[k] for k in keys], dtype=torch.float64),
+        (len(notes), len(vocab)),
+        check_invariants=True,
+    ).coalesce()
+    weights = bm25_note_weights(tf)
+    return vocab, weights, bm25_term_major(weights)
+
+
+def test_the_index_equals_per_string_terms_bit_for_bit() -> None:
+    from soulmem_torch.model import MemoryNote, SemMemory
+
+    def sem(content: str, description: str) -> MemoryNote:
+        return MemoryNote.build(
+            SemMemory(content=content, aliases=[content], concept_type="Entity",
+                      description=description)
+        )  # fmt: skip
+
+    notes = _notes()
+    mixed = [
+        sem("北京烤鸭 Peking duck", "我最喜欢的菜：烤鸭, visited twice"),
+        sem("tab\x01separated", "ＦＵＬＬＷＩＤＴＨ words ﬁ ligature"),
+        sem("猫", "a lone 猫 between words"),
+    ]
+    for memory in (notes, notes[:10] + mixed, mixed):
+        vocab, weights, term_major = _reference_index(memory)
+        got = build_text_index(memory, device=torch.device("cpu"))
+        assert list(got.vocab) == list(vocab)
+        assert torch.equal(got.weights.indices(), weights.indices())
+        assert torch.equal(got.weights.values(), weights.values())
+        assert torch.equal(got.term_major.indices(), term_major.indices())
+        assert torch.equal(got.term_major.values(), term_major.values())
