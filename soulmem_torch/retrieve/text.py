@@ -18,10 +18,12 @@ built once per graph snapshot and cached on it (:func:`text_index`); queries are
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import concat
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -262,8 +264,8 @@ def _bulk_terms(norm: str, terms: list[str], ends: list[int]) -> None:
                         add(term)
                 elif len(run) == 1:
                     add(run)
-                else:
-                    extend([run[k : k + 2] for k in range(len(run) - 1)])
+                else:  # the run's character bigrams
+                    extend(map(concat, run, run[1:]))
         ends.append(len(terms))
 
 
@@ -305,7 +307,7 @@ def build_text_indexes(
         lo = ends[first - 1] if first else 0
         hi = ends[last - 1] if size else lo
         part = terms[lo:hi]
-        vocab = {t: j for j, t in enumerate(dict.fromkeys(part))}
+        vocab = dict(zip(dict.fromkeys(part), itertools.count()))
         vocabs.append(vocab)
         ids.extend(map(vocab.__getitem__, part))
         spans.append(hi - lo)
