@@ -555,6 +555,7 @@ class MemoryGraph(Data):
             ids=ids,
             link_ids=[link.id for link in links],
             version=version,
+            check_finite=tag_emb is None,  # the stacking checked the tables
         )
         graph._m.shared.index_of = index_of
         if tag_emb is not None:  # the notes' vectors become views of the snapshot's tables
@@ -583,6 +584,7 @@ class MemoryGraph(Data):
         ids: Sequence[MemoryId] | None = None,
         link_ids: Sequence[LinkId] | None = None,
         version: int | None = None,
+        check_finite: bool = True,
     ) -> MemoryGraph:
         """A snapshot straight from tensors (no note objects), validated and put in CSR order.
 
@@ -615,6 +617,10 @@ class MemoryGraph(Data):
             ids: ``N`` distinct ``MemoryId``; ``None`` -> random ids created on first access.
             link_ids: ``E`` ``LinkId`` in input edge order; ``None`` -> created on first access.
             version: the cluster version this is a snapshot of, if any.
+            check_finite: ``False`` skips the NaN / inf pass over ``tag_emb`` and the field
+                tables (the caller vouches for them, as :meth:`from_cluster` does for the
+                tables :func:`~soulmem_torch.embedding.fields.stack_compact_field_embeddings`
+                just stacked and checked); every other check still runs.
 
         Raises:
             ValidationError: naming the argument, on any wrong shape, dtype or value (an
@@ -699,7 +705,8 @@ class MemoryGraph(Data):
                 raise ValidationError(f"tag_emb: expected shape (N, D), found {_shape(tag_emb)}")
             dim = int(tag_emb.shape[1])
             tag_emb = on_dev(_check_tensor("tag_emb", tag_emb, (n, dim), "float")).to(_F32)
-            _check_finite("tag_emb", tag_emb)
+            if check_finite:
+                _check_finite("tag_emb", tag_emb)
             if tag_mask is None:
                 tag_mask = torch.ones(n, dtype=torch.bool, device=device)
             else:
@@ -723,7 +730,8 @@ class MemoryGraph(Data):
             field_emb = on_dev(
                 _check_tensor("field_emb", field_emb, (n, num_fields, fdim), "float")
             ).to(_F32)
-            _check_finite("field_emb", field_emb)
+            if check_finite:
+                _check_finite("field_emb", field_emb)
             if field_mask is None:
                 field_mask = torch.ones(n, num_fields, dtype=torch.bool, device=device)
             else:
@@ -747,7 +755,8 @@ class MemoryGraph(Data):
                 )
             field_rows = on_dev(_check_tensor("field_rows", field_rows, (p, fdim), "float"))
             field_rows = field_rows.to(_F32)
-            _check_finite("field_rows", field_rows)
+            if check_finite:
+                _check_finite("field_rows", field_rows)
             field_pos = on_dev(_check_tensor("field_pos", field_pos, (n, num_fields), "int")).to(
                 torch.int32
             )

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from soulmem_torch.bank._union import UnionSnapshot, agent_graph
 from soulmem_torch.errors import ValidationError
-from soulmem_torch.functional.ppr_dense import dense_factors, dense_ppr_entries
+from soulmem_torch.functional.ppr_dense import dense_factors_many, dense_ppr_entries
 from soulmem_torch.retrieve.operators import transition, undirected_transition, weight_key
 
 __all__ = ["DenseStore", "carry_dense", "segment_dense_ppr"]
@@ -196,10 +196,13 @@ def _fill(
 ) -> None:
     build = undirected_transition if undirected else transition
     d = float(config.damping_factor)
-    blocks = []
-    for p in missing:  # the first ask of an agent (or after it changed): O(n^3) each
-        f = dense_factors(build(agent_graph(union, p), config), d, cache=False)
-        blocks.append(torch.cat([f.inverse_t.reshape(-1), f.dangling_mass]))
+    # the first ask of an agent (or after it changed): O(n^3) each, same-sized agents' inverses
+    # in one batch
+    operators = [build(agent_graph(union, p), config) for p in missing]
+    blocks = [
+        torch.cat([f.inverse_t.reshape(-1), f.dangling_mass])
+        for f in dense_factors_many(operators, d, cache=False)
+    ]
     store.append(blocks, missing, keep=keep)
 
 

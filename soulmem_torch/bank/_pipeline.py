@@ -159,12 +159,13 @@ def _text_channel(
     notes, every agent of the batch in one pass (each agent has its own vocabulary and
     statistics, its index cached on its snapshot): (B, M) float64, zeros for agents without
     notes."""
-    from soulmem_torch.retrieve.text import candidate_text_scores, text_index
+    from soulmem_torch.retrieve.text import candidate_text_scores, text_indexes
 
-    indices: dict[int, Any] = {}
-    for p, mem in zip(positions, memories):
-        if mem is not None and p not in indices:
-            indices[p] = text_index(agent_graph(union, p), mem)
+    asked = dict.fromkeys(p for p, mem in zip(positions, memories) if mem is not None)
+    mem_of = dict(zip(positions, memories))
+    # the indexes of new snapshots built in one pass, each cached on its snapshot
+    built = text_indexes([agent_graph(union, p) for p in asked], [mem_of[p] for p in asked])
+    indices: dict[int, Any] = dict(zip(asked, built))
     owners = [p if mem is not None else -1 for p, mem in zip(positions, memories)]  # -1: none
     return candidate_text_scores(indices, owners, queries, m, device=union.device)
 

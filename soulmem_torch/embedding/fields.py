@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -278,8 +279,130 @@ def stack_compact_field_embeddings(
     Raises:
         ValidationError: naming the note and field, on a wrong width or a NaN / inf value.
     """
-    n, f = len(embeddings), len(FIELD_NAMES)
+    n = len(embeddings)
     d = _infer_dim(embeddings, dim) if n else (dim or 0)
+    fast = _stack_compact_fast(embeddings, n, d)
+    if fast is not None:
+        return fast
+    return _stack_compact_checked(embeddings, n, d)
+
+
+_FAST_ERRORS = (TypeError, AttributeError, IndexError, RuntimeError, ValueError)
+_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+def _stack_compact_fast(
+    embeddings: Sequence[MemoryEmbedding | None], n: int, d: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    """:func:`stack_compact_field_embeddings` without a check per vector: the vectors are
+    stacked as they come, then their dtypes, the stacked shapes and the finiteness of the
+    stacked tables are checked once (what a cluster's snapshot of thousands of validated
+    vectors wants). ``None`` when anything is off (a wrong type, shape, width, dtype, a NaN):
+    the caller then runs the vector-by-vector check, which names the first offender. The
+    result is the same tables, bit for bit."""
+    rows: list[int] = []
+    tags: list[Tensor] = []
+    cells: list[int] = []
+    local: list[int] = []
+    cell_field: list[int] = []
+    per_field: list[list[Tensor]] = [[] for _ in range(len(FIELD_NAMES))]
+    seen: list[dict[tuple[int, int, Any], int]] = [{} for _ in range(len(FIELD_NAMES))]
+    f = len(FIELD_NAMES)
+    index_of = FIELD_INDEX.get
+    try:
+        for i, emb in enumerate(embeddings):
+            if emb is None:
+                continue
+            if type(emb) is not MemoryEmbedding:
+                return None
+            rows.append(i)
+            tags.append(emb.tag)
+            for name, v in emb.fields.items():
+                j = index_of(name)
+                if j is None:
+                    continue
+                # the same memory (address, stride, dtype) holds the same vector
+                key = (v.data_ptr(), v.stride(0), v.dtype)
+                r = seen[j].get(key)
+                if r is None:
+                    r = seen[j][key] = len(per_field[j])
+                    per_field[j].append(v)
+                cells.append(i * f + j)
+                local.append(r)
+                cell_field.append(j)
+        vectors = [v for group in per_field for v in group]
+        if not {t.dtype for t in tags} <= _FLOATS or not {v.dtype for v in vectors} <= _FLOATS:
+            return None
+        with torch.no_grad():
+            stacked_tags = torch.stack(tags) if tags else None
+            field_rows = torch.stack(vectors) if vectors else None
+    except _FAST_ERRORS:
+        return None
+    for table in (stacked_tags, field_rows):
+        if table is None:
+            continue
+        if table.dim() != 2 or table.shape[1] != d:
+            return None
+    if stacked_tags is not None:
+        stacked_tags = stacked_tags.detach().to("cpu", torch.float32)
+    if field_rows is not None:
+        field_rows = field_rows.detach().to("cpu", torch.float32)
+    # checked as float32 (a float64 value past float32's range is no finite entry either)
+    if any(t is not None and not _all_finite(t) for t in (stacked_tags, field_rows)):
+        return None
+    if stacked_tags is not None and len(rows) == n:  # every note embedded: the stack is it
+        tag_emb = stacked_tags.contiguous()
+        tag_mask = torch.ones(n, dtype=torch.bool)
+    else:
+        tag_emb = torch.zeros(n, d, dtype=torch.float32)
+        tag_mask = torch.zeros(n, dtype=torch.bool)
+    if stacked_tags is not None and len(rows) < n:
+        index = torch.tensor(rows, dtype=torch.long)
+        tag_emb[index] = stacked_tags
+        tag_mask[index] = True
+    if field_rows is None:
+        field_rows = torch.zeros(0, d, dtype=torch.float32)
+    return tag_emb, tag_mask, field_rows, _field_pos(n, f, per_field, cells, local, cell_field)
+
+
+def _all_finite(table: Tensor) -> bool:
+    """Whether a stacked table holds only finite values (numpy on the CPU: one pass, several
+    times faster than ``torch.isfinite`` there)."""
+    flat = table.reshape(-1)
+    step = 1 << 20  # elements per pass: the bool temporary stays small
+    if flat.device.type == "cpu" and flat.dtype in _NUMPY_FLOATS:
+        array = flat.numpy()
+        return all(bool(np.isfinite(array[i : i + step]).all()) for i in range(0, array.size, step))
+    return all(bool(torch.isfinite(flat[i : i + step]).all()) for i in range(0, flat.numel(), step))
+
+
+_NUMPY_FLOATS = frozenset({torch.float16, torch.float32, torch.float64})
+
+
+def _field_pos(
+    n: int,
+    f: int,
+    per_field: list[list[Tensor]],
+    cells: list[int],
+    local: list[int],
+    cell_field: list[int],
+) -> Tensor:
+    field_pos = torch.full((n * f,), -1, dtype=torch.int32)
+    if cells:
+        counts = torch.tensor([len(g) for g in per_field], dtype=torch.int64)
+        offsets = torch.cumsum(counts, 0) - counts
+        field_pos[torch.tensor(cells, dtype=torch.long)] = (
+            offsets[torch.tensor(cell_field, dtype=torch.long)]
+            + torch.tensor(local, dtype=torch.long)
+        ).to(torch.int32)
+    return field_pos.view(n, f)
+
+
+def _stack_compact_checked(
+    embeddings: Sequence[MemoryEmbedding | None], n: int, d: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`stack_compact_field_embeddings` checking every vector as it comes."""
+    f = len(FIELD_NAMES)
     rows: list[int] = []
     tags: list[Tensor] = []
     cells: list[int] = []
@@ -318,15 +441,22 @@ def stack_compact_field_embeddings(
         tag_mask[index] = True
     vectors = [v.to("cpu", torch.float32) for group in per_field for v in group]
     field_rows = torch.stack(vectors) if vectors else torch.zeros(0, d, dtype=torch.float32)
-    field_pos = torch.full((n * f,), -1, dtype=torch.int32)
-    if cells:
-        counts = torch.tensor([len(g) for g in per_field], dtype=torch.int64)
-        offsets = torch.cumsum(counts, 0) - counts
-        field_pos[torch.tensor(cells, dtype=torch.long)] = (
-            offsets[torch.tensor(cell_field, dtype=torch.long)]
-            + torch.tensor(local, dtype=torch.long)
-        ).to(torch.int32)
-    return tag_emb, tag_mask, field_rows, field_pos.view(n, f)
+    field_pos = _field_pos(n, f, per_field, cells, local, cell_field)
+    # finite as given, but past float32's range once stored as float32 (a float64 input)
+    for name, table in (("tag", tag_emb), ("fields", field_rows)):
+        if not _all_finite(table):
+            row = int((~torch.isfinite(table)).any(dim=1).nonzero()[0, 0])
+            where = f"embeddings[{row}].tag" if name == "tag" else _cell_of(field_pos, row)
+            raise ValidationError(
+                f"{where}: expected values within float32's range, found one that overflows it"
+            )
+    return tag_emb, tag_mask, field_rows, field_pos
+
+
+def _cell_of(field_pos: Tensor, row: int) -> str:
+    """``embeddings[i].fields['name']`` of the first cell stored in ``field_rows`` row ``row``."""
+    note, j = (int(x) for x in (field_pos == row).nonzero()[0])
+    return f"embeddings[{note}].fields[{FIELD_NAMES[j]!r}]"
 
 
 def dense_to_compact(field_emb: Tensor, field_mask: Tensor) -> tuple[Tensor, Tensor]:

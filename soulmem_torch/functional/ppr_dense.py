@@ -39,7 +39,7 @@ from soulmem_torch.functional._ppr_common import (
 )
 from soulmem_torch.functional.transition import TransitionOperator, _check_operator, _to
 
-__all__ = ["DenseFactors", "dense_factors", "dense_ppr_entries", "ppr_dense"]
+__all__ = ["DenseFactors", "dense_factors", "dense_factors_many", "dense_ppr_entries", "ppr_dense"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,6 +95,52 @@ def dense_factors(
     if cache:
         operator.cache[key] = factors
     return factors
+
+
+_BATCH_FLOATS = 1 << 22  # floats of one batched inverse (32 MiB): the batch is cut past it
+
+
+def dense_factors_many(
+    operators: list[TransitionOperator], damping: float, *, cache: bool = True
+) -> list[DenseFactors]:
+    """:func:`dense_factors` of many operators, the inverses of same-sized CPU graphs taken
+    by one batched ``torch.linalg.inv`` (LAPACK inverts each matrix of a batch as it inverts
+    one: the same bits; what a bank's first question to many small new agents wants). Results
+    already cached on an operator are reused; ``cache`` as for :func:`dense_factors`."""
+    d = _check_damping(damping)
+    key = ("dense_factors", d)
+    out: list[DenseFactors | None] = []
+    groups: dict[int, list[int]] = {}
+    for k, operator in enumerate(operators):
+        _check_operator(operator)
+        found = operator.cache.get(key)
+        out.append(found)
+        if found is None and operator.num_nodes and operator.device.type == "cpu":
+            groups.setdefault(operator.num_nodes, []).append(k)
+    chunks = [
+        members[i : i + max(1, _BATCH_FLOATS // (n * n))]
+        for n, members in groups.items()
+        for i in range(0, len(members), max(1, _BATCH_FLOATS // (n * n)))
+    ]
+    for members in chunks:
+        if len(members) == 1:
+            continue  # one matrix: the single path below
+        n = operators[members[0]].num_nodes
+        a = torch.eye(n, dtype=_F64).repeat(len(members), 1, 1)
+        for row, k in enumerate(members):
+            a[row].sub_(operators[k].transpose.to_dense().to(_F64), alpha=d)
+        inverses = torch.linalg.inv(a)
+        for row, k in enumerate(members):
+            operator, inverse = operators[k], inverses[row]
+            mass = _colsum(inverse.index_select(0, operator.dangling_index))
+            factors = DenseFactors(d, inverse.T.contiguous(), mass)
+            if cache:
+                operator.cache[key] = factors
+            out[k] = factors
+    return [
+        found if found is not None else dense_factors(operator, d, cache=cache)
+        for operator, found in zip(operators, out)
+    ]
 
 
 def dense_ppr_entries(

@@ -65,10 +65,32 @@ def _note_terms(cluster: Any, note_id: Any, cache: dict[Any, frozenset[str]]) ->
     return terms
 
 
+def _terms_of_index(cluster: Any) -> dict[Any, frozenset[str]]:
+    """Every note's terms read off the text index of the cluster's current snapshot when one
+    was built (the text channel's: the same terms, already counted), else an empty dict
+    (:func:`_note_terms` then reads each note asked about)."""
+    import torch
+
+    graph = cluster.cached(("graph", torch.device("cpu")))
+    index = None if graph is None else graph.cache.get("text_index")
+    if index is None:
+        return {}
+    rows, cols = index.weights.indices()
+    counts = torch.bincount(rows, minlength=int(graph.num_nodes)).tolist()
+    words = list(index.vocab)  # column order: the vocabulary numbers terms as it meets them
+    cols = list(map(words.__getitem__, cols.tolist()))
+    own: dict[Any, frozenset[str]] = {}
+    start = 0
+    for note_id, count in zip(graph.ids, counts):
+        own[note_id] = frozenset(cols[start : start + count])
+        start += count
+    return own
+
+
 def _reach_terms(cluster: Any, note_id: Any) -> frozenset[str]:
     """The terms of a note and of its neighbours (one hop, either way), cached per cluster
     version: after a note's first check, checking it is one set intersection."""
-    own, reach = cluster.derived(("evidence_terms",), lambda: ({}, {}))
+    own, reach = cluster.derived(("evidence_terms",), lambda: (_terms_of_index(cluster), {}))
     terms = reach.get(note_id)
     if terms is None:
         neighbours = [lk.to for lk in cluster.out_links(note_id)]

@@ -18,13 +18,16 @@ built once per graph snapshot and cached on it (:func:`text_index`); queries are
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import concat
 from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import BaseModel
 from torch import Tensor
 
 from soulmem_torch.errors import ValidationError
@@ -43,10 +46,12 @@ if TYPE_CHECKING:
 __all__ = [
     "STOPWORDS",
     "TextIndex",
+    "build_text_indexes",
     "candidate_text_scores",
     "note_strings",
     "query_strings",
     "text_index",
+    "text_indexes",
     "text_scores",
     "text_terms",
 ]
@@ -79,17 +84,23 @@ def _stemmer() -> Any:
     return snowballstemmer.stemmer("english")
 
 
-_WORD_TERMS: dict[str, str] = {}
+class _TermCache(dict):  # type: ignore[type-arg]
+    """casefolded word → its term; ``cache[word]`` computes a missing one (so a ``map`` of
+    ``__getitem__`` over a note's words runs without a Python call per known word)."""
+
+    def __missing__(self, word: str) -> str:
+        term = "" if word in STOPWORDS else _stemmer().stemWord(word)
+        if len(self) < 500_000:
+            self[word] = term
+        return term
+
+
+_WORD_TERMS: dict[str, str] = _TermCache()
 
 
 def _word_term(word: str) -> str:
     """The term of one casefolded word: its Snowball stem, ``""`` for a stopword (cached)."""
-    term = _WORD_TERMS.get(word)
-    if term is None:
-        term = "" if word in STOPWORDS else _stemmer().stemWord(word)
-        if len(_WORD_TERMS) < 500_000:
-            _WORD_TERMS[word] = term
-    return term
+    return _WORD_TERMS[word]
 
 
 @functools.lru_cache(maxsize=8192)
@@ -140,7 +151,40 @@ def _strings(obj: Any, out: list[str]) -> list[str]:
 
 def note_strings(note: MemoryNote) -> list[str]:
     """Every string of a note's content (not its tags, ids, times or enum variant names)."""
-    return _strings(note.mem_type.model_dump(mode="json"), [])
+    mem_type = note.mem_type
+    out: list[str] = []
+    if _model_strings(mem_type, out):
+        return out
+    return _strings(mem_type.model_dump(mode="json"), [])  # a value the walk does not know
+
+
+_FIELDS_OF: dict[type, tuple[str, ...]] = {}
+_LEAVES = (int, float, type(None))
+
+
+def _model_strings(obj: Any, out: list[str]) -> bool:
+    """The strings ``model_dump(mode="json")`` of a note's content would hold, in its order,
+    read off the model's attributes (no dump: several times faster); ``False`` on a value
+    whose JSON form it does not know (a ``str`` subclass, a datetime outside ``time_span``, …):
+    the caller then reads the dump."""
+    cls = type(obj)
+    if cls is str:
+        out.append(obj)
+        return True
+    if cls is list or cls is tuple:
+        return all(_model_strings(value, out) for value in obj)
+    names = _FIELDS_OF.get(cls)
+    if names is None:
+        if not isinstance(obj, BaseModel) or type(obj).__pydantic_computed_fields__:
+            return isinstance(obj, _LEAVES)  # numbers and None hold no string
+        names = _FIELDS_OF[cls] = tuple(
+            name
+            for name, info in cls.model_fields.items()
+            if name not in _SKIP_KEYS and not info.exclude
+        )
+    if getattr(obj, "__pydantic_extra__", None):
+        return False
+    return all(_model_strings(getattr(obj, name), out) for name in names)
 
 
 def query_strings(query: Any) -> list[str]:
@@ -185,8 +229,7 @@ class TextIndex:
 
 
 # One pass over all notes' strings: strings joined by \x00 (no term crosses it, as none
-# crosses a string's end) and notes by \x01, which the pattern's ``sep`` group reports.
-_BULK_RUNS = re.compile(_RUNS.pattern + r"|(?P<sep>\x01)")
+# crosses a string's end) and notes by \x01 (the text is split there after normalizing).
 
 
 def _bulk_text(notes: Sequence[MemoryNote]) -> str:
@@ -198,49 +241,123 @@ def _bulk_text(notes: Sequence[MemoryNote]) -> str:
     return text
 
 
+_CJK = re.compile(_RUNS.pattern.split("|(?P<word>")[0])
+_WORDS = re.compile(r"[^\W_]+")
+
+
+def _bulk_terms(norm: str, terms: list[str], ends: list[int]) -> None:
+    """The terms of each note of a normalized bulk text (notes split at ``\x01``) appended
+    to ``terms``, ``len(terms)`` after each note to ``ends``: a note without CJK runs is read
+    by one word pattern and its terms looked up by one ``map`` (no Python step per word); a
+    note with some reads its runs in order, as :func:`text_terms` does."""
+    lookup = _WORD_TERMS.__getitem__
+    search, words = _CJK.search, _WORDS.findall
+    add, extend = terms.append, terms.extend
+    for text in norm.split("\x01"):
+        if search(text) is None:
+            extend(filter(None, map(lookup, words(text))))
+        else:
+            for run, word in _RUNS.findall(text):
+                if word:
+                    term = lookup(word)
+                    if term:
+                        add(term)
+                elif len(run) == 1:
+                    add(run)
+                else:  # the run's character bigrams
+                    extend(map(concat, run, run[1:]))
+        ends.append(len(terms))
+
+
 def build_text_index(notes: Sequence[MemoryNote], *, device: torch.device) -> TextIndex:
-    """The BM25 index of a memory's notes (in graph order).
+    """The BM25 index of a memory's notes (in graph order): :func:`build_text_indexes` of one
+    memory."""
+    return build_text_indexes([notes], device=device)[0]
+
+
+def build_text_indexes(
+    memories: Sequence[Sequence[MemoryNote]], *, device: torch.device
+) -> list[TextIndex]:
+    """The BM25 index of each memory's notes (in graph order), every memory in one pass.
 
     The terms of every note are :func:`text_terms` of each of its strings (the same terms,
-    read in one normalization and one regular-expression pass over all notes); the term-count
-    matrix is counted by one ``torch.unique`` of ``(note, term)`` keys."""
-    norm = unicodedata.normalize("NFKC", _bulk_text(notes)).casefold()
+    read in one normalization and one regular-expression pass over all notes of all
+    memories); each memory numbers its own terms in order of first appearance; the term-count
+    matrix of all memories (block-diagonal: terms and notes offset per memory) is counted by
+    one ``torch.unique`` of ``(note, term)`` keys and weighted by one segment-wise
+    :func:`~soulmem_torch.functional.fusion.bm25_note_weights` (each memory's own IDF and
+    average length); the blocks are then cut apart. Each index is the same, bit for bit, as
+    the memory's alone."""
+    sizes = [len(notes) for notes in memories]
+    everything = [note for notes in memories for note in notes]
+    norm = unicodedata.normalize("NFKC", _bulk_text(everything)).casefold()
     terms: list[str] = []
     ends: list[int] = []  # len(terms) at the end of each note
-    add, extend = terms.append, terms.extend
-    get = _WORD_TERMS.get
-    for run, word, sep in _BULK_RUNS.findall(norm):
-        if word:
-            term = get(word)
-            if term is None:
-                term = _word_term(word)
-            if term:
-                add(term)
-        elif sep:
-            ends.append(len(terms))
-        elif len(run) == 1:
-            add(run)
-        else:
-            extend([run[k : k + 2] for k in range(len(run) - 1)])
-    n = len(notes)
+    n = len(everything)
     if n:
-        ends.append(len(terms))
-    # term ids in order of first appearance (the order a per-note Counter would give them)
-    vocab = {t: j for j, t in enumerate(dict.fromkeys(terms))}
-    v = max(len(vocab), 1)
+        _bulk_terms(norm, terms, ends)
+    # each memory's term ids in order of first appearance (what a per-note Counter would give)
+    vocabs: list[dict[str, int]] = []
+    ids: list[int] = []  # each term's column in its memory's vocabulary
+    spans: list[int] = []  # terms of each memory
+    vocab_base = [0]
+    note_base = [0]
+    for size in sizes:
+        first, last = note_base[-1], note_base[-1] + size
+        lo = ends[first - 1] if first else 0
+        hi = ends[last - 1] if size else lo
+        part = terms[lo:hi]
+        vocab = dict(zip(dict.fromkeys(part), itertools.count()))
+        vocabs.append(vocab)
+        ids.extend(map(vocab.__getitem__, part))
+        spans.append(hi - lo)
+        vocab_base.append(vocab_base[-1] + len(vocab))
+        note_base.append(last)
+    v_total = vocab_base[-1]
+    v = max(v_total, 1)
     per_note = torch.tensor(ends, dtype=torch.int64).diff(prepend=torch.zeros(1, dtype=torch.int64))
     keys = torch.repeat_interleave(torch.arange(n, dtype=torch.int64), per_note[:n]) * v
-    keys += torch.tensor(list(map(vocab.__getitem__, terms)), dtype=torch.int64)
+    keys += torch.tensor(ids, dtype=torch.int64)
+    if len(sizes) > 1:  # the columns of memory k follow those of memories 0..k-1
+        keys += torch.repeat_interleave(
+            torch.tensor(vocab_base[:-1], dtype=torch.int64), torch.tensor(spans, dtype=torch.int64)
+        )
     uniq, counts = torch.unique(keys, sorted=True, return_counts=True)
     tf = torch.sparse_coo_tensor(
         torch.stack([uniq // v, uniq % v]),
         counts.to(torch.float64),
-        (n, len(vocab)),
+        (n, v_total),
         is_coalesced=True,
         check_invariants=False,
     )
-    weights = bm25_note_weights(tf).to(device)
-    return TextIndex(vocab, weights, bm25_term_major(weights))
+    segment = torch.repeat_interleave(
+        torch.arange(len(sizes), dtype=torch.int64), torch.tensor(sizes, dtype=torch.int64)
+    )
+    weights = bm25_note_weights(tf, segment=segment)
+    if len(sizes) == 1:
+        weights = weights.to(device)
+        return [TextIndex(vocabs[0], weights, bm25_term_major(weights))]
+    term_major = bm25_term_major(weights)
+    # the blocks: entries of memory k lie between its first note's (term's) and the next's
+    w_index, w_values = weights.indices(), weights.values()
+    t_index, t_values = term_major.indices(), term_major.values()
+    w_cut = torch.searchsorted(w_index[0], torch.tensor(note_base, dtype=torch.int64)).tolist()
+    t_cut = torch.searchsorted(t_index[0], torch.tensor(vocab_base, dtype=torch.int64)).tolist()
+    out = []
+    for k, (size, vocab) in enumerate(zip(sizes, vocabs)):
+        shift = torch.tensor([[note_base[k]], [vocab_base[k]]], dtype=torch.int64)
+        a, b = w_cut[k], w_cut[k + 1]
+        own = torch.sparse_coo_tensor(
+            w_index[:, a:b] - shift, w_values[a:b].clone(), (size, len(vocab)),
+            is_coalesced=True, check_invariants=False,
+        ).to(device)  # fmt: skip
+        a, b = t_cut[k], t_cut[k + 1]
+        own_t = torch.sparse_coo_tensor(
+            t_index[:, a:b] - shift.flip(0), t_values[a:b].clone(), (len(vocab), size),
+            is_coalesced=True, check_invariants=False,
+        ).to(device)  # fmt: skip
+        out.append(TextIndex(vocab, own, own_t))
+    return out
 
 
 def _notes_of(memory: MemorySource) -> list[Any] | None:
@@ -252,19 +369,41 @@ def _notes_of(memory: MemorySource) -> list[Any] | None:
 def text_index(graph: MemoryGraph, memory: MemorySource) -> TextIndex | None:
     """The snapshot's text index, built once and cached; None when the notes are unknown (a bare
     ``MemoryGraph`` was passed) — the text channel then has nothing to say."""
+    return text_indexes([graph], [memory])[0]
+
+
+def text_indexes(
+    graphs: Sequence[MemoryGraph], memories: Sequence[MemorySource]
+) -> list[TextIndex | None]:
+    """:func:`text_index` of each (snapshot, memory) pair, the missing indexes built in one
+    pass (:func:`build_text_indexes`: what a bank's first question to many new agents wants)
+    and each cached on its own snapshot."""
+    if len(graphs) != len(memories):
+        raise ValidationError(
+            f"memories: expected {len(graphs)} (one per graph), found {len(memories)}"
+        )
     key = "text_index"
-    cached = graph.cache.get(key)
-    if cached is not None:
-        return cached
-    notes = _notes_of(memory)
-    if notes is None or len(notes) != int(graph.num_nodes):
-        return None  # not cached: another caller may pass the memory with its notes
-    by_id = {n.id: n for n in notes}
-    ordered = [by_id.get(i) for i in graph.ids]
-    if any(n is None for n in ordered):
-        return None
-    graph.cache[key] = build_text_index(ordered, device=graph.device)
-    return graph.cache[key]
+    out: list[TextIndex | None] = [graph.cache.get(key) for graph in graphs]
+    todo: dict[int, tuple[Any, list[Any]]] = {}  # id(graph) → (graph, notes in graph order)
+    for graph, memory, cached in zip(graphs, memories, out):
+        if cached is not None or id(graph) in todo:
+            continue
+        notes = _notes_of(memory)
+        if notes is None or len(notes) != int(graph.num_nodes):
+            continue  # not cached: another caller may pass the memory with its notes
+        by_id = {n.id: n for n in notes}
+        ordered = [by_id.get(i) for i in graph.ids]
+        if any(n is None for n in ordered):
+            continue
+        todo[id(graph)] = (graph, ordered)
+    by_device: dict[Any, list[tuple[Any, list[Any]]]] = {}
+    for graph, ordered in todo.values():
+        by_device.setdefault(graph.device, []).append((graph, ordered))
+    for device, group in by_device.items():
+        built = build_text_indexes([ordered for _, ordered in group], device=device)
+        for (graph, _), index in zip(group, built):
+            graph.cache[key] = index
+    return [graph.cache.get(key) for graph in graphs]
 
 
 def text_scores(graph: MemoryGraph, memory: MemorySource, queries: Sequence[Any]) -> Tensor:

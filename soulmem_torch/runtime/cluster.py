@@ -666,8 +666,12 @@ class MemoryCluster:
             if version != self.version:
                 return False
             pos = field_pos.tolist() if field_pos is not None else None
+            # every row view made in one call each (not one indexing per vector)
+            tag_views = tag_emb.unbind(0)
+            row_views = field_rows.unbind(0) if field_rows is not None else ()
+            nodes, index_of = self._nodes, FIELD_INDEX.get
             for i, mid in enumerate(ids):
-                item = self._nodes.get(mid)
+                item = nodes.get(mid)
                 emb = None if item is None else item.embedding
                 if emb is None or not _plain_f32(emb.tag):
                     continue
@@ -675,10 +679,10 @@ class MemoryCluster:
                 if pos is not None:
                     row = pos[i]
                     for name, vec in emb.fields.items():
-                        j = FIELD_INDEX.get(name)
+                        j = index_of(name)
                         if j is not None and row[j] >= 0 and _plain_f32(vec):
-                            fields[name] = field_rows[row[j]]  # type: ignore[index]
-                item.embedding = MemoryEmbedding(tag=tag_emb[i], fields=fields)
+                            fields[name] = row_views[row[j]]
+                item.embedding = MemoryEmbedding(tag=tag_views[i], fields=fields)
             return True
 
     def set_embedding(self, id: MemoryId, embedding: MemoryEmbedding | None) -> None:
@@ -764,6 +768,14 @@ class MemoryCluster:
             if key not in self._derived:
                 self._derived[key] = build()
             return self._derived[key]
+
+    def cached(self, key: Hashable) -> Any:
+        """What :meth:`derived` holds for ``key`` at the current version, or ``None`` (nothing
+        is built)."""
+        with self._lock:
+            if self._derived_version != self._version:
+                return None
+            return self._derived.get(key)
 
     # -- internals ------------------------------------------------------------------------
     def _touch(self) -> None:
@@ -856,8 +868,9 @@ class MemoryCluster:
 
 
 _new_object = object.__new__
+_CPU = torch.device("cpu")
 
 
 def _plain_f32(t: Any) -> bool:
     """A float32 CPU tensor (what a snapshot's tables hold bit for bit)."""
-    return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu"
+    return isinstance(t, torch.Tensor) and t.dtype is torch.float32 and t.device == _CPU

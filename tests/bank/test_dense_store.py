@@ -166,13 +166,13 @@ def test_add_notes_refills_only_the_changed_agent(monkeypatch) -> None:
         assert min(start) >= 0 and length == [n * n + n for n in sizes]
 
     calls = []
-    real = _dense.dense_factors
+    real = _dense.dense_factors_many
 
-    def spy(operator, damping, **kwargs):
-        calls.append(operator.num_nodes)
-        return real(operator, damping, **kwargs)
+    def spy(operators, damping, **kwargs):
+        calls.extend(operator.num_nodes for operator in operators)
+        return real(operators, damping, **kwargs)
 
-    monkeypatch.setattr(_dense, "dense_factors", spy)
+    monkeypatch.setattr(_dense, "dense_factors_many", spy)
     assert bank.add_notes("a", sample_notes(list(range(70, 77)))) == 7
     sizes = [17, 40, 30]
     weights, keys = seeds(sizes, [*positions, 0, 0], 2, torch.device("cpu"))

@@ -356,3 +356,30 @@ def test_rejects_bad_input():
     # validate=False skips the personalization checks (trusted input)
     out = ppr_dense(op, pers, key_mask=key_mask, validate=False)
     assert torch.equal(out, ppr_dense(op, pers, key_mask=key_mask))
+
+
+def test_dense_factors_of_many_graphs_equal_each_graphs_bit_for_bit(monkeypatch):
+    import importlib
+
+    from soulmem_torch.functional.ppr_dense import dense_factors_many
+
+    module = importlib.import_module("soulmem_torch.functional.ppr_dense")
+    monkeypatch.setattr(module, "_BATCH_FLOATS", 3 * 18 * 18)  # cut into batches
+    ops = []
+    for seed, n in enumerate([18, 7, 18, 18, 1, 18, 7, 18, 18, 0, 30]):
+        if n < 5:  # a lone node, an empty graph
+            edge_index, weight = torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0, dtype=F64)
+        else:
+            edge_index, weight, _, _ = awkward_graph(n, 3 * n, seed=seed)
+        ops.append(build_transition(edge_index, weight, num_nodes=n))
+    cached = dense_factors(ops[3], 0.7)  # already cached: reused as it is
+    many = dense_factors_many(ops, 0.7, cache=False)
+    assert many[3] is cached
+    assert all(op.cache == {} for k, op in enumerate(ops) if k != 3)
+    for op, got in zip(ops, many):
+        want = dense_factors(op, 0.7, cache=False)
+        assert got.damping == want.damping == 0.7
+        assert_same_bits(got.inverse_t, want.inverse_t)
+        assert_same_bits(got.dangling_mass, want.dangling_mass)
+    stored = dense_factors_many(ops, 0.7)
+    assert all(dense_factors(op, 0.7) is f for op, f in zip(ops, stored))

@@ -73,3 +73,19 @@ def test_bank_takes_one_flag_per_question() -> None:
     assert kept.association == [] and len(every.association) == 10
     with pytest.raises(ValidationError, match="only_matching"):
         bank.ask(["a"], ["tea"], only_matching=[True, False])
+
+
+def test_note_terms_read_off_the_text_index_are_each_notes_own_terms() -> None:
+    from soulmem_torch.graph import MemoryGraph
+    from soulmem_torch.retrieve.evidence import _terms_of_index
+    from soulmem_torch.retrieve.text import text_index
+
+    fresh = SoulMem.from_graph_file(sample_memory_path())
+    assert _terms_of_index(fresh.cluster) == {}  # no snapshot yet: nothing is built
+    graph = MemoryGraph.of(fresh.cluster)
+    assert _terms_of_index(fresh.cluster) == {}  # no text index yet
+    assert text_index(graph, fresh.working_memory) is not None
+    own = _terms_of_index(fresh.cluster)
+    assert set(own) == set(graph.ids)
+    for mid, terms in own.items():
+        assert terms == frozenset(_terms(fresh, mid)), mid
