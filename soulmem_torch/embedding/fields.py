@@ -300,43 +300,16 @@ def _stack_compact_fast(
     vectors wants). ``None`` when anything is off (a wrong type, shape, width, dtype, a NaN):
     the caller then runs the vector-by-vector check, which names the first offender. The
     result is the same tables, bit for bit."""
-    rows: list[int] = []
-    tags: list[Tensor] = []
-    cells: list[int] = []
-    local: list[int] = []
-    cell_field: list[int] = []
-    per_field: list[list[Tensor]] = [[] for _ in range(len(FIELD_NAMES))]
-    seen: list[dict[tuple[int, int, Any], int]] = [{} for _ in range(len(FIELD_NAMES))]
     f = len(FIELD_NAMES)
-    index_of = FIELD_INDEX.get
     try:
-        for i, emb in enumerate(embeddings):
-            if emb is None:
-                continue
-            if type(emb) is not MemoryEmbedding:
-                return None
-            rows.append(i)
-            tags.append(emb.tag)
-            for name, v in emb.fields.items():
-                j = index_of(name)
-                if j is None:
-                    continue
-                # the same memory (address, stride, dtype) holds the same vector
-                key = (v.data_ptr(), v.stride(0), v.dtype)
-                r = seen[j].get(key)
-                if r is None:
-                    r = seen[j][key] = len(per_field[j])
-                    per_field[j].append(v)
-                cells.append(i * f + j)
-                local.append(r)
-                cell_field.append(j)
+        rows, tags, per_field, cells, local, cell_field = _collect(embeddings, d, check=False)
         vectors = [v for group in per_field for v in group]
         if not {t.dtype for t in tags} <= _FLOATS or not {v.dtype for v in vectors} <= _FLOATS:
             return None
         with torch.no_grad():
             stacked_tags = torch.stack(tags) if tags else None
             field_rows = torch.stack(vectors) if vectors else None
-    except _FAST_ERRORS:
+    except (_NotFast, *_FAST_ERRORS):
         return None
     for table in (stacked_tags, field_rows):
         if table is None:
@@ -363,6 +336,66 @@ def _stack_compact_fast(
     if field_rows is None:
         field_rows = torch.zeros(0, d, dtype=torch.float32)
     return tag_emb, tag_mask, field_rows, _field_pos(n, f, per_field, cells, local, cell_field)
+
+
+class _NotFast(Exception):
+    """An input the unchecked stacking leaves to the checked one (which names the problem)."""
+
+
+def _collect(
+    embeddings: Sequence[MemoryEmbedding | None], d: int, *, check: bool
+) -> tuple[list[int], list[Tensor], list[list[Tensor]], list[int], list[int], list[int]]:
+    """The vectors of every note's embedding, one pass: ``(rows, tags, per_field, cells,
+    local, cell_field)`` — the embedded notes, their tag vectors, each field's distinct
+    vectors, and for every (note, field) cell its flat index, its row within its field and its
+    field. A vector shared by several notes for one field (the same memory: address, stride,
+    dtype) is kept once.
+
+    ``check``: each vector through :func:`_check_vector` (an error names the note and field);
+    otherwise the vectors are taken as they come and anything but a ``MemoryEmbedding``
+    raises ``_NotFast`` (the caller checks the stacked tables instead)."""
+    f = len(FIELD_NAMES)
+    rows: list[int] = []
+    tags: list[Tensor] = []
+    cells: list[int] = []
+    local: list[int] = []
+    cell_field: list[int] = []
+    per_field: list[list[Tensor]] = [[] for _ in range(f)]
+    seen: list[dict[tuple[int, int, Any], int]] = [{} for _ in range(f)]
+    index_of = FIELD_INDEX.get
+    for i, emb in enumerate(embeddings):
+        if emb is None:
+            continue
+        if type(emb) is not MemoryEmbedding:
+            if not check:
+                raise _NotFast
+            if not isinstance(emb, MemoryEmbedding):
+                raise ValidationError(
+                    f"embeddings[{i}]: expected a MemoryEmbedding or None, found "
+                    f"{type(emb).__name__}"
+                )
+        rows.append(i)
+        tags.append(
+            _check_vector(f"embeddings[{i}].tag", emb.tag, d).detach() if check else emb.tag
+        )
+        for name, vec in emb.fields.items():
+            j = index_of(name)
+            if j is None:
+                continue
+            v = (
+                _check_vector(f"embeddings[{i}].fields[{name!r}]", vec, d).detach()
+                if check
+                else vec
+            )
+            key = (v.data_ptr(), v.stride(0), v.dtype)
+            r = seen[j].get(key)
+            if r is None:
+                r = seen[j][key] = len(per_field[j])
+                per_field[j].append(v)
+            cells.append(i * f + j)
+            local.append(r)
+            cell_field.append(j)
+    return rows, tags, per_field, cells, local, cell_field
 
 
 def _all_finite(table: Tensor) -> bool:
@@ -403,36 +436,7 @@ def _stack_compact_checked(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`stack_compact_field_embeddings` checking every vector as it comes."""
     f = len(FIELD_NAMES)
-    rows: list[int] = []
-    tags: list[Tensor] = []
-    cells: list[int] = []
-    local: list[int] = []
-    cell_field: list[int] = []
-    per_field: list[list[Tensor]] = [[] for _ in range(f)]
-    seen: list[dict[tuple[int, ...], int]] = [{} for _ in range(f)]
-    for i, emb in enumerate(embeddings):
-        if emb is None:
-            continue
-        if not isinstance(emb, MemoryEmbedding):
-            raise ValidationError(
-                f"embeddings[{i}]: expected a MemoryEmbedding or None, found {type(emb).__name__}"
-            )
-        rows.append(i)
-        tags.append(_check_vector(f"embeddings[{i}].tag", emb.tag, d).detach())
-        for name, vec in emb.fields.items():
-            j = FIELD_INDEX.get(name)
-            if j is None:
-                continue
-            v = _check_vector(f"embeddings[{i}].fields[{name!r}]", vec, d).detach()
-            # the same memory (storage, offset, stride, dtype) holds the same vector
-            key = (v.untyped_storage().data_ptr(), v.storage_offset(), v.stride(0), id(v.dtype))
-            r = seen[j].get(key)
-            if r is None:
-                r = seen[j][key] = len(per_field[j])
-                per_field[j].append(v)
-            cells.append(i * f + j)
-            local.append(r)
-            cell_field.append(j)
+    rows, tags, per_field, cells, local, cell_field = _collect(embeddings, d, check=True)
     tag_emb = torch.zeros(n, d, dtype=torch.float32)
     tag_mask = torch.zeros(n, dtype=torch.bool)
     if rows:
