@@ -46,6 +46,15 @@ def _modules() -> dict[str, tuple[Path, bool]]:
     return out
 
 
+def _from_target(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from … import`` in ``module`` reads (relative levels resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _type_checking_nodes(tree: ast.AST) -> set[int]:
     hidden: set[int] = set()
     for node in ast.walk(tree):
@@ -67,12 +76,7 @@ def _imports(modules: dict[str, tuple[Path, bool]]) -> Iterator[Import]:
                     if alias.name.split(".")[0] == PACKAGE:
                         yield Import(module, alias.name, None, node.lineno, typing_only)
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = module.split(".") if is_package else module.split(".")[:-1]
-                    base = base[: len(base) - node.level + 1]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
+                target = _from_target(module, is_package, node)
                 if target.split(".")[0] != PACKAGE:
                     continue
                 for alias in node.names:
@@ -200,12 +204,7 @@ def _bound_modules(
                 if alias.asname and alias.name in modules:
                     yield alias.name, alias.asname
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".") if is_package else module.split(".")[:-1]
-                base = base[: len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(module, is_package, node)
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
                 if sub in modules:
