@@ -349,22 +349,35 @@ def _event_scores(
     action = sds[q_refs[:, 0].unsqueeze(1), n_refs[:, 0].unsqueeze(0)]  # (E, M)
     initiator = sds[q_refs[:, 1].unsqueeze(1), n_refs[:, 1].unsqueeze(0)]
     target = sds[q_refs[:, 2].unsqueeze(1), n_refs[:, 2].unsqueeze(0)]
-    initiator = torch.where(has[:, :1], initiator, 0.0)
-    target = torch.where(has[:, 1:], target, 0.0)
-    w_i, w_t, w_a, a_i, a_t = (_f32(w) for w in weights)
-    both = w_i * initiator + w_t * target + w_a * action
-    only_i = _f32(1.0 - a_i) * initiator + a_i * action
-    only_t = _f32(1.0 - a_t) * target + a_t * action
-    score = torch.where(
-        has[:, :1] & has[:, 1:],
-        both,
-        torch.where(has[:, :1], only_i, torch.where(has[:, 1:], only_t, action)),
-    )
+    score = _event_blend(action, initiator, target, has[:, :1], has[:, 1:], weights)
     per_note = torch.zeros(out.shape[0], score.shape[1], dtype=torch.float32, device=device)
     q_idx = torch.tensor(ev_query, dtype=torch.long, device=device)
     per_note.scatter_reduce_(0, q_idx.unsqueeze(1).expand_as(score), score, "amax")
     notes = torch.tensor(index.event_notes, dtype=torch.long, device=device)
     out.scatter_reduce_(1, notes.unsqueeze(0).expand_as(per_note), per_note, "amax")
+
+
+def _event_blend(
+    action: Tensor,
+    initiator: Tensor,
+    target: Tensor,
+    has_initiator: Tensor,
+    has_target: Tensor,
+    weights: tuple[float, float, float, float, float],
+) -> Tensor:
+    """An event leaf's score from the ``sds`` of its action, initiator and target (float32;
+    the ``has_*`` masks broadcast against them: which parts the query's event names)."""
+    initiator = torch.where(has_initiator, initiator, 0.0)
+    target = torch.where(has_target, target, 0.0)
+    w_i, w_t, w_a, a_i, a_t = (_f32(w) for w in weights)
+    both = w_i * initiator + w_t * target + w_a * action
+    only_i = _f32(1.0 - a_i) * initiator + a_i * action
+    only_t = _f32(1.0 - a_t) * target + a_t * action
+    return torch.where(
+        has_initiator & has_target,
+        both,
+        torch.where(has_initiator, only_i, torch.where(has_target, only_t, action)),
+    )
 
 
 # -------------------------------------------------------------------------------------------
@@ -554,15 +567,8 @@ def _event_segments(
         _pair_sds(q_str[rows, k], n_str[member, k], q_empty[rows, k], n_empty[member, k])
         for k in range(3)
     )
-    h_i, h_t = has[rows, 0], has[rows, 1]
-    initiator = np.where(h_i, initiator, np.float32(0.0))
-    target = np.where(h_t, target, np.float32(0.0))
     t = torch.from_numpy
-    a_, i_, t_ = t(action), t(initiator), t(target)  # float32 arithmetic as _event_scores'
-    w_i, w_t, w_a, a_i, a_t = (_f32(w) for w in weights)
-    both = w_i * i_ + w_t * t_ + w_a * a_
-    only_i = _f32(1.0 - a_i) * i_ + a_i * a_
-    only_t = _f32(1.0 - a_t) * t_ + a_t * a_
-    hi, ht = t(h_i), t(h_t)
-    score = torch.where(hi & ht, both, torch.where(hi, only_i, torch.where(ht, only_t, a_)))
+    score = _event_blend(
+        t(action), t(initiator), t(target), t(has[rows, 0]), t(has[rows, 1]), weights
+    )
     np.maximum.at(flat, qb[rows] * num_notes + _within(n_notes[member], num_notes), score.numpy())
