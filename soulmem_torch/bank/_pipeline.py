@@ -38,7 +38,7 @@ from soulmem_torch.bank._union import (
 )
 from soulmem_torch.errors import ValidationError
 from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SPECIFIC
-from soulmem_torch.functional.fusion import rank_fusion, relative_seeds
+from soulmem_torch.functional.fusion import ppr_start, rank_fusion, relative_seeds
 from soulmem_torch.functional.topk import stable_topk
 from soulmem_torch.retrieve.pipeline import channel_weights
 from soulmem_torch.retrieve.similarity import is_plain_query, structured_batch
@@ -362,8 +362,11 @@ def run_pipeline(
     awa = config.assoc_with_action
     assoc = awa.association
     undirected = config.fusion == "rank" and "graph_undirected" in config.channels
+    source = (seed_w, chosen)
+    if config.fusion == "rank":
+        source = ppr_start(config.personalization, chosen, seed_w, first_stage, text, mask=valid)
     ppr, ok, ppr_both = _association(
-        union, positions, agents, seed_w, chosen, assoc, undirected=undirected
+        union, positions, agents, *source, assoc, undirected=undirected
     )
     present = ok.unsqueeze(1) & valid
     ppr_selected = _topk(ppr, present, assoc.top_k)[0]

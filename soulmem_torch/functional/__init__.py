@@ -19,6 +19,7 @@ from soulmem_torch.functional.edge_weights import (
 from soulmem_torch.functional.fusion import (
     bm25_note_weights,
     bm25_scores,
+    ppr_start,
     rank_fusion,
     reciprocal_rank,
     relative_seeds,
@@ -50,6 +51,7 @@ from soulmem_torch.functional.topk import stable_topk
 __all__ = [
     "bm25_note_weights",
     "bm25_scores",
+    "ppr_start",
     "rank_fusion",
     "reciprocal_rank",
     "relative_seeds",

@@ -58,6 +58,7 @@ __all__ = [
     "bm25_note_weights",
     "bm25_scores",
     "bm25_term_major",
+    "ppr_start",
     "rank_fusion",
     "reciprocal_rank",
     "relative_seeds",
@@ -261,6 +262,44 @@ def relative_seeds(
         top.scatter_(1, order, True)
         ok = ok & top
     return ok
+
+
+def ppr_start(
+    mode: str,
+    seeds: Tensor,
+    seed_weights: Tensor,
+    first_stage: Tensor,
+    text: Tensor | None = None,
+    *,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """What the graph channels' PPR starts from, ``(weights (B, N) float64, keys (B, N) bool)``
+    (the pipeline's ``personalization``, docs/spec.md §7 DECISION "what the graph starts from").
+
+    * ``"seeds"``: ``(seed_weights, seeds)`` unchanged — the relative cut.
+    * ``"first_stage"``: every note with a positive, finite first-stage score, by that score.
+    * ``"text"``: every note with a positive text score, by that score; a row without one (no
+      text evidence, or ``text`` ``None``: no texts) falls back to its first stage.
+
+    Args:
+        mode: one of the three above.
+        seeds: (B, N) bool, the seeds. seed_weights: (B, N) float, their personalization.
+        first_stage: (B, N) float, what picked the seeds (0 where it scored nothing).
+        text: (B, N) float or None, the text channel.
+        mask: (B, N) bool or None: real entries.
+    """
+    if mode == "seeds":
+        return seed_weights.to(torch.float64), seeds
+    if mode not in ("first_stage", "text"):
+        raise ValidationError(f"mode: expected 'seeds', 'first_stage' or 'text', found {mode!r}")
+    real = _mask_of(first_stage, mask)
+    src = first_stage.to(torch.float64)
+    if mode == "text" and text is not None:
+        t = text.to(torch.float64)
+        has = (real & torch.isfinite(t) & (t > 0)).any(dim=1, keepdim=True)
+        src = torch.where(has, t, src)
+    keys = real & torch.isfinite(src) & (src > 0)
+    return torch.where(keys, src, 0.0), keys
 
 
 def bm25_note_weights(

@@ -44,18 +44,22 @@ def associate_with_action(
     config: AssociateWithActionConfig,
     *,
     memory_lists: bool = True,
+    personalization: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[list[list[tuple[MemoryId, float]]], list[list[tuple[MemoryId, float]]], Tensor, Tensor]:
     """Batched core: returns (memory lists, action lists, PPR scores (N,B), PPR top-k mask (N,B)).
 
     ``memory_lists=False`` skips building the PPR id lists (returns ``[]`` for them): the
-    pipeline reads the score matrix instead.
+    pipeline reads the score matrix instead. ``personalization``: ``(weights, keys)`` (N, B)
+    the PPR starts from instead of the seeds (the default pipeline's
+    ``personalization="first_stage"``); the merge below keeps the seeds.
 
     Seeds and PPR results are merged (max per note), only Situation notes with a score > 0 are
     kept, abstract ones multiplied by ``abstract_source_priority``, turned into weights by a
     max-subtracted softmax per request, and fed to BayesAction with ``action_top_k``.
     """
     assoc = config.association
-    scores, ok = run_association(graph, weights, keys, assoc)
+    p_weights, p_keys = (weights, keys) if personalization is None else personalization
+    scores, ok = run_association(graph, p_weights, p_keys, assoc)
     present = ok.unsqueeze(0).expand_as(scores)
     memory = topk_lists(graph, scores, present, assoc.top_k) if memory_lists else []
     selected = topk_mask(scores, present, assoc.top_k)

@@ -297,6 +297,18 @@ class DefaultPipelineConfig(BaseModel):
         "the reciprocal-rank fusion of the similarity and the text channel ('fused': what "
         "SoulMem.ask / MemoryBank.ask use for free-text questions, docs/spec.md §7).",
     )
+    personalization: Literal["seeds", "first_stage", "text"] = Field(
+        default="seeds",
+        description="Rank fusion: what the graph channels' PPR starts from: the seeds (the "
+        "relative cut below, as the original); 'first_stage': every note the first stage "
+        "scores (the similarity, or with seed_source='fused' its fusion with the text "
+        "channel), weighted by that score; 'text': every note the text channel scores, "
+        "weighted by its BM25 score (a query without text evidence, or an agent without "
+        "texts: the first stage). With either of the last two the graph spreads all the "
+        "evidence along the links instead of pointing at the best note's neighbours; 'text' "
+        "is what SoulMem.ask / MemoryBank.ask use for free-text questions (docs/spec.md §7). "
+        "The seeds channel, the seed list and the actions keep the cut.",
+    )
     seed_ratio: float = Field(
         default=0.9,
         ge=0.0,
@@ -310,10 +322,11 @@ class DefaultPipelineConfig(BaseModel):
         """The default for free-text questions (``SoulMem.ask``, ``MemoryBank.ask``): the
         default with ``seed_source="fused"`` — a question has no fields for the structured
         similarity to match one by one, so its seeds come from the similarity and the text
-        channel together — and ``channel_weights="family"``: the two graph channels, PPR from
-        those same seeds one way and both ways, share one vote (docs/spec.md §7, DECISION
-        "seeds of a question")."""
-        return cls(seed_source="fused", channel_weights="family")
+        channel together — and ``channel_weights="family"``: the two graph channels, PPR one way and
+        both ways, share one vote; and ``personalization="text"``: that PPR starts from every
+        note the text channel scores (by its BM25 score), not only the seeds (docs/spec.md §7,
+        DECISIONs "seeds of a question" and "what the graph starts from")."""
+        return cls(seed_source="fused", channel_weights="family", personalization="text")
 
     @classmethod
     def original(cls) -> DefaultPipelineConfig:

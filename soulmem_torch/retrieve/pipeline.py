@@ -11,6 +11,7 @@ from torch import Tensor
 
 from soulmem_torch.functional.fusion import (
     family_weights,
+    ppr_start,
     rank_fusion,
     relative_seeds,
     score_dispersion,
@@ -211,6 +212,10 @@ class RetrDefaultPipeline:
                 else 0.0,
             ).T.contiguous()  # (N, B)
             weights = torch.where(chosen, first_stage.T.to(torch.float64), 0.0)
+            start_w, start = ppr_start(
+                config.personalization, chosen.T, weights.T, first_stage, text
+            )
+            source = (start_w.T.contiguous(), start.T.contiguous())
         else:
             chosen = topk_mask(sim.T.contiguous(), keep.T.contiguous(), sim_cfg.max_results)
         scores_t = sim.T.contiguous()
@@ -218,7 +223,12 @@ class RetrDefaultPipeline:
         if config.fusion != "rank":
             weights = torch.where(chosen, scores_t.to(torch.float64), 0.0)
         _, actions, ppr, ppr_selected = associate_with_action(
-            graph, weights, chosen, config.assoc_with_action, memory_lists=False
+            graph,
+            weights,
+            chosen,
+            config.assoc_with_action,
+            memory_lists=False,
+            personalization=source if config.fusion == "rank" else None,
         )
         if config.fusion == "rank":
             sim_kept = torch.where(keep, sim, torch.zeros_like(sim))
@@ -237,7 +247,7 @@ class RetrDefaultPipeline:
                 )
             if "graph_undirected" in config.channels:
                 channels["graph_undirected"] = undirected_association(
-                    graph, weights, chosen, config.assoc_with_action.association
+                    graph, *source, config.assoc_with_action.association
                 ).T
             used = [channels[c] for c in config.channels]
             weights = channel_weights(config, sim_kept, channels.get("text"))

@@ -381,6 +381,7 @@ _FIELD_CHANGES = {
     "rank_constant": 1.0,
     "channel_weights": "dispersion",
     "seed_source": "fused",
+    "personalization": "first_stage",
     "seed_ratio": 0.5,
 }
 

@@ -12,6 +12,7 @@ from soulmem_torch.errors import SoulMemError, ValidationError
 from soulmem_torch.functional.fusion import (
     bm25_note_weights,
     bm25_scores,
+    ppr_start,
     rank_fusion,
     reciprocal_rank,
     relative_seeds,
@@ -113,6 +114,31 @@ def test_relative_seeds(device: torch.device) -> None:
         relative_seeds(s, ratio=1.5, max_seeds=2)
     with pytest.raises(ValidationError, match="max_seeds"):
         relative_seeds(s, ratio=0.5, max_seeds=0)
+
+
+def test_ppr_start_by_hand(device: torch.device) -> None:
+    seeds = torch.tensor([[True, False, False], [False, False, False], [False, True, False]])
+    seed_w = torch.where(seeds, 0.5, 0.0).double()
+    first = torch.tensor([[0.5, 0.2, 0.0], [0.0, 0.0, 0.0], [0.1, 0.3, 0.2]])
+    text = torch.tensor([[0.0, 2.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    seeds, seed_w, first, text = (x.to(device) for x in (seeds, seed_w, first, text))
+    w, k = ppr_start("seeds", seeds, seed_w, first, text)
+    assert torch.equal(k, seeds) and torch.equal(w, seed_w)
+    w, k = ppr_start("first_stage", seeds, seed_w, first, text)
+    assert k.cpu().tolist() == [[True, True, False], [False] * 3, [True, True, True]]
+    assert w.dtype == torch.float64
+    assert w.cpu().flatten().tolist() == pytest.approx([0.5, 0.2, 0, 0, 0, 0, 0.1, 0.3, 0.2])
+    w, k = ppr_start("text", seeds, seed_w, first, text)
+    # row 0 by its BM25 scores; rows 1 and 2 have no text evidence: their first stage
+    assert k.cpu().tolist() == [[False, True, True], [False] * 3, [True, True, True]]
+    assert w.cpu().flatten().tolist() == pytest.approx([0, 2.0, 1.0, 0, 0, 0, 0.1, 0.3, 0.2])
+    _, k2 = ppr_start("text", seeds, seed_w, first, None)  # no texts at all: the first stage
+    assert torch.equal(k2, ppr_start("first_stage", seeds, seed_w, first)[1])
+    mask = torch.tensor([[True, True, False]] * 3, device=device)  # padding never starts
+    _, k3 = ppr_start("text", seeds, seed_w, first, text, mask=mask)
+    assert k3.cpu().tolist() == [[False, True, False], [False] * 3, [True, True, False]]
+    with pytest.raises(ValidationError, match="mode"):
+        ppr_start("everything", seeds, seed_w, first, text)
 
 
 # ---- the undirected graph channel ------------------------------------------------------------
@@ -390,6 +416,57 @@ def test_fused_pipeline_is_the_sum_of_its_channels_ranks(device: torch.device) -
     assert [i for i, _ in got.association] == [ids[i] for i in want]
     assert [s for _, s in got.association] == pytest.approx([fused[i] for i in want])
     assert got.association[0][0] == names["cafe"]
+
+
+def test_text_personalization_spreads_the_text_channel(device: torch.device) -> None:
+    """``personalization="text"``: both graph channels are PPR from every note the text
+    channel scores, by its BM25 score; the seeds channel keeps the relative cut."""
+    wm, _, embedder = _plain_world()
+    base = DefaultPipelineConfig(similarity=SimilarityConfig(similarity_threshold=0.0))
+    config = base.model_copy(update={"personalization": "text"})
+    q = MemoryRetrieveQuery.semantic(
+        [{"concept_identifier": "cafe", "description": "coffee on a rainy day"}]
+    )
+    got = RetrDefaultPipeline().retrieve(
+        config.into_request(wm, q, embedder=embedder, device=device)
+    )
+    cut = RetrDefaultPipeline().retrieve(base.into_request(wm, q, embedder=embedder, device=device))
+    assert got.seeds == cut.seeds  # the seed list keeps the cut
+    graph = wm.graph()
+    ids = graph.ids
+    text = text_scores(graph, wm, [q])[0].double()
+    assert int((text > 0).sum()) > 1  # more than one note to start from
+    start = [(ids[i], float(text[i])) for i in range(len(ids)) if text[i] > 0]
+    ppr = dict(
+        RetrAssociation().retrieve(AssociationConfig(top_k=len(ids)).into_request(wm, start))
+    )
+    keys = (text > 0).unsqueeze(1)
+    both_ways = undirected_association(
+        graph, torch.where(keys, text.unsqueeze(1), 0.0), keys, AssociationConfig()
+    )[:, 0]
+    from soulmem_torch.retrieve.similarity import similarity_scores
+
+    sim = similarity_scores(graph, wm, [q], embedder=embedder)[0].double()
+    seed_rows = [ids.index(i) for i, _ in cut.seeds]
+    seed_mask = torch.zeros(len(ids), dtype=torch.bool)
+    seed_mask[seed_rows] = True
+    channels = [
+        torch.where(seed_mask, sim, 0.0),
+        text,
+        torch.tensor([ppr.get(i, 0.0) for i in ids], dtype=torch.float64),
+        both_ways,
+    ]
+
+    def rr(x: torch.Tensor) -> list[float]:
+        pos = [i for i in range(len(x)) if x[i] > 0]
+        order = sorted(pos, key=lambda i: (-float(x[i]), i))
+        return [1 / (5 + order.index(i) + 1) if i in pos else 0.0 for i in range(len(x))]
+
+    fused = [sum(v) for v in zip(*(rr(c) for c in channels))]
+    present = [i for i in range(len(ids)) if any(float(c[i]) > 0 for c in channels)]
+    want = sorted(present, key=lambda i: (-fused[i], i))[:10]
+    assert [i for i, _ in got.association] == [ids[i] for i in want]
+    assert [s for _, s in got.association] == pytest.approx([fused[i] for i in want])
 
 
 def _sample() -> tuple:
