@@ -332,7 +332,7 @@ def chat_ablation(
 ) -> list[tuple[str, ChatEvalReport]]:
     """One report per configuration of ``retrieve.evaluation.ablation_configs(base)`` (``base``
     ``None``: ``DefaultPipelineConfig.for_questions()``, what ``ask`` uses), then the default with
-    its seeds from the similarity alone, with dispersion weights, with equal votes for every
+    its seeds from the similarity alone, its graph channels from the seeds only, with dispersion weights, with equal votes for every
     channel, and the text channel alone;
     the haystacks are embedded once."""
     from soulmem_torch.retrieve.evaluation import ablation_configs
@@ -349,6 +349,7 @@ def chat_ablation(
     configs = ablation_configs(base)
     configs += [
         ("  default, seeds from the similarity", base.model_copy(update={"seed_source": "similarity"})),
+        ("  default, the graph from the seeds", base.model_copy(update={"personalization": "seeds"})),
         ("  default, dispersion weights", base.model_copy(update={"channel_weights": "dispersion"})),
         ("  default, equal votes", base.model_copy(update={"channel_weights": "equal"})),
         ("text channel alone (BM25)", base.model_copy(update={"channels": ("text",)})),
