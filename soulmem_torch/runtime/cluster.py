@@ -61,6 +61,7 @@ from soulmem_torch.errors import NotFoundError, ValidationError
 from soulmem_torch.model.ids import LinkId, MemoryId
 from soulmem_torch.model.links import MemoryLink
 from soulmem_torch.model.notes import MemoryNote
+from soulmem_torch.runtime.deferred import DeferredEmbedding
 
 _T = TypeVar("_T")
 
@@ -492,6 +493,7 @@ class MemoryCluster:
             dim = self._dim
             seen: set[MemoryId] = set()
             nodes = self._nodes
+            deferred = DeferredEmbedding  # untouched: checked by its decoder (untouched_width)
             checked: list[tuple[Any, str | None, torch.Tensor]] = []  # finite-checked in bulk
             try:
                 for i, item in enumerate(items):
@@ -510,7 +512,11 @@ class MemoryCluster:
                         before = len(seen)
                         seen.add(nid)
                         if emb is not None and len(seen) != before:
-                            dim = _shapes(emb, dim, _Where(nid), checked)
+                            source = emb._source if type(emb) is deferred else None
+                            if source is not None and (dim is None or source.dim == dim):
+                                dim = source.dim  # a load's, as its decoder checked it
+                            else:
+                                dim = _shapes(emb, dim, _Where(nid), checked)
                     prepared.append((item, emb))
             except ValidationError:
                 _raise_non_finite(checked)  # an earlier note's NaN is reported first
@@ -556,7 +562,7 @@ class MemoryCluster:
                 index[nid] = len(index)
             if emb is not None:
                 num_embedded += 1
-                dim = int(emb.tag.shape[-1])
+                dim = emb.dim
             parked = pending.pop(nid, None) if pending else None
             if parked:  # the links parked for it, in parking order (_materialize_pending)
                 for source, link in parked:
