@@ -9,10 +9,11 @@ snapshot, a search, a save that re-encodes it. Then all of them are built at onc
 whole-array steps as before (one scatter, one ``unbind``), so every vector is bit for bit what
 an eager decode gives, and every note's vectors are views into that one buffer.
 
-A ``DeferredEmbedding`` is a :class:`~soulmem_torch.embedding.fields.MemoryEmbedding` (same
-attributes, equality, ``dim``, ``to``, ``validate``); ``copy`` / ``pickle`` give a plain one.
-Until its vectors are read it is exactly what the decoder verified, so
-:meth:`MemoryCluster.add_notes` takes its width without reading a vector
+A deferred embedding is a plain :class:`~soulmem_torch.embedding.fields.MemoryEmbedding` (its
+exact type: every fast path that takes one takes it) whose ``tag`` and ``fields`` are not set
+yet: ``MemoryEmbedding.__getattr__`` puts them in place on the first read (then they are
+ordinary attributes); ``copy`` / ``pickle`` read them. Until then it is exactly what the
+decoder verified, so :meth:`MemoryCluster.add_notes` takes its width without reading a vector
 (:func:`untouched_width`); once read (or assigned) it is checked like any other embedding.
 """
 
@@ -27,7 +28,7 @@ import torch
 
 from soulmem_torch.embedding.fields import MemoryEmbedding
 
-__all__ = ["DecodedVectors", "DeferredEmbedding", "untouched_layout", "untouched_width"]
+__all__ = ["DecodedVectors", "deferred_embedding", "untouched_layout", "untouched_width"]
 
 
 class DecodedVectors:
@@ -94,78 +95,55 @@ class DecodedVectors:
             return self._built
 
 
-class DeferredEmbedding(MemoryEmbedding):
-    """A note's embedding whose vectors are rows ``row``, ``row + 1``, … of a
-    :class:`DecodedVectors` (the tag, then ``names`` in order), built on first access."""
+class _Pending:
+    """Where a deferred embedding's vectors are: rows ``row``, ``row + 1``, … of ``source``
+    (the tag, then ``names`` in order). ``MemoryEmbedding.__getattr__`` calls :meth:`resolve`
+    on the first read of ``tag`` or ``fields``."""
+
+    __slots__ = ("names", "row", "source")
 
     def __init__(self, source: DecodedVectors, row: int, names: Sequence[str]) -> None:
-        # MemoryEmbedding's own fields live in the properties below
-        self._source: DecodedVectors | None = source
-        self._row = row
-        self._names = names
-        self._tag: torch.Tensor | None = None
-        self._fields: dict[str, torch.Tensor] | None = None
+        self.source, self.row, self.names = source, row, names
 
-    def _resolve(self) -> None:
-        source = self._source
-        assert source is not None
-        views, lo = source.views(), self._row
-        self._fields = dict(zip(self._names, views[lo + 1 : lo + 1 + len(self._names)]))
-        self._tag = views[lo]
-        self._source = None
+    def resolve(self, embedding: MemoryEmbedding) -> None:
+        views, lo = self.source.views(), self.row
+        state = embedding.__dict__  # an attribute assigned before the first read is kept
+        state.setdefault("fields", dict(zip(self.names, views[lo + 1 : lo + 1 + len(self.names)])))
+        state.setdefault("tag", views[lo])
+        state.pop("_pending", None)
 
-    @property  # type: ignore[override]
-    def tag(self) -> torch.Tensor:
-        if self._tag is None:
-            self._resolve()
-        return self._tag  # type: ignore[return-value]
 
-    @tag.setter
-    def tag(self, value: torch.Tensor) -> None:
-        if self._tag is None:
-            self._resolve()
-        self._tag = value
+_new = object.__new__
 
-    @property  # type: ignore[override]
-    def fields(self) -> dict[str, torch.Tensor]:
-        if self._fields is None:
-            self._resolve()
-        return self._fields  # type: ignore[return-value]
 
-    @fields.setter
-    def fields(self, value: dict[str, torch.Tensor]) -> None:
-        if self._fields is None:
-            self._resolve()
-        self._fields = value
+def deferred_embedding(source: DecodedVectors, row: int, names: Sequence[str]) -> MemoryEmbedding:
+    """A plain :class:`MemoryEmbedding` whose ``tag`` and ``fields`` are rows ``row``, … of
+    ``source`` (the tag, then ``names``), put in place on their first read."""
+    out = _new(MemoryEmbedding)
+    out.__dict__["_pending"] = _Pending(source, row, names)
+    return out
 
-    @property
-    def dim(self) -> int:
-        if self._source is not None:
-            return self._source.dim
-        return int(self.tag.shape[-1])
 
-    def __repr__(self) -> str:
-        return f"MemoryEmbedding(tag={self.tag!r}, fields={self.fields!r})"
-
-    def __reduce__(self) -> Any:  # copy / deepcopy / pickle: a plain MemoryEmbedding
-        return (MemoryEmbedding, (self.tag, self.fields))
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        return self.__reduce__()
+def _untouched(embedding: Any) -> _Pending | None:
+    if type(embedding) is not MemoryEmbedding:
+        return None
+    state = embedding.__dict__
+    pending = state.get("_pending")
+    if pending is None or "tag" in state or "fields" in state:
+        return None
+    return pending  # type: ignore[no-any-return]
 
 
 def untouched_width(embedding: Any) -> int | None:
-    """The width of a :class:`DeferredEmbedding` whose vectors were never read or assigned
-    (what its decoder verified: 1-D, one width, finite, known field names), else ``None``
-    (check it like any embedding)."""
-    if type(embedding) is DeferredEmbedding and embedding._source is not None:
-        return embedding._source.dim
-    return None
+    """The width of a deferred embedding whose vectors were never read or assigned (what its
+    decoder verified: 1-D, one width, finite, known field names), else ``None`` (check it
+    like any embedding)."""
+    pending = _untouched(embedding)
+    return None if pending is None else pending.source.dim
 
 
 def untouched_layout(embedding: Any) -> tuple[DecodedVectors, Sequence[str]] | None:
-    """``(its buffer, its field names)`` of a :class:`DeferredEmbedding` whose vectors were
-    never read or assigned (what a store reports without building a vector), else ``None``."""
-    if type(embedding) is DeferredEmbedding and embedding._source is not None:
-        return embedding._source, embedding._names
-    return None
+    """``(its buffer, its field names)`` of a deferred embedding whose vectors were never read
+    or assigned (what a store reports without building a vector), else ``None``."""
+    pending = _untouched(embedding)
+    return None if pending is None else (pending.source, pending.names)

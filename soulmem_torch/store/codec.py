@@ -37,7 +37,7 @@ import torch
 
 from soulmem_torch.embedding.fields import FIELD_INDEX, FIELD_NAMES, MemoryEmbedding
 from soulmem_torch.runtime.cluster import mark_finite
-from soulmem_torch.runtime.deferred import DecodedVectors, DeferredEmbedding
+from soulmem_torch.runtime.deferred import DecodedVectors, deferred_embedding
 
 __all__ = [
     "decode_embedding",
@@ -326,7 +326,7 @@ def _decode_bulk(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None] 
         names = names_of.get(m)
         if names is None:
             names = names_of[m] = [f for f in FIELD_NAMES if m >> FIELD_INDEX[f] & 1]
-        out[i] = DeferredEmbedding(source, lows[k], names)
+        out[i] = deferred_embedding(source, lows[k], names)
     return out
 
 

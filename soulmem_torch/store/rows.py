@@ -136,6 +136,7 @@ def layout_of(embeddings: Sequence[MemoryEmbedding | None]) -> dict[str, Any] | 
     dtype: torch.dtype | None = None
     names: set[str] = set()
     sources: set[int] = set()
+    first = untouched_layout(present[0])
     for e in present:
         untouched = untouched_layout(e)
         if untouched is not None:  # a load's: its buffer's dtype, its field names (unbuilt)
@@ -150,7 +151,7 @@ def layout_of(embeddings: Sequence[MemoryEmbedding | None]) -> dict[str, Any] | 
                 dtype = v.dtype if dtype is None else torch.promote_types(dtype, v.dtype)
         names.update(e.fields)
     return {
-        "dim": int(present[0].dim),
+        "dim": int(first[0].dim if first is not None else present[0].dim),
         "dtype": str(dtype).removeprefix("torch."),
         "fields": [n for n in FIELD_NAMES if n in names],
         "count": len(present),

@@ -16,7 +16,7 @@ from soulmem_torch.embedding import HashingEmbedder, embed_notes
 from soulmem_torch.embedding.fields import MemoryEmbedding
 from soulmem_torch.errors import ValidationError
 from soulmem_torch.runtime.cluster import MemoryCluster
-from soulmem_torch.runtime.deferred import DeferredEmbedding, untouched_layout, untouched_width
+from soulmem_torch.runtime.deferred import untouched_layout, untouched_width
 from soulmem_torch.store.codec import _decode_each, decode_embeddings, encode_embedding
 from soulmem_torch.store.rows import layout_of
 from tests.store._helpers import notes
@@ -38,15 +38,14 @@ def test_nothing_is_built_until_a_vector_is_read_then_all_at_once_bit_for_bit() 
     _, blobs = _decoded()
     got = decode_embeddings(blobs)
     want = _decode_each(blobs)
-    assert all(type(e) is DeferredEmbedding for e in got)
+    assert all(type(e) is MemoryEmbedding for e in got)  # the exact type: every fast path
     layout = untouched_layout(got[0])
     assert layout is not None
     source, names = layout
     assert list(names) == list(want[0].fields)
     assert not source.built and source.dim == 64 and source.dtype is torch.float32
     assert [untouched_width(e) for e in got] == [64] * len(got)
-    assert got[2].dim == 64 and not source.built  # the width needs no vector
-    assert layout_of(got) == layout_of(want) and not source.built  # nor does a store's layout
+    assert layout_of(got) == layout_of(want) and not source.built  # a store's layout: no vector
     assert list(got[1].fields) == list(want[1].fields) and source.built  # the first read
     for a, b in zip(got, want, strict=True):
         assert a is not None and b is not None and list(a.fields) == list(b.fields)
@@ -60,8 +59,10 @@ def test_nothing_is_built_until_a_vector_is_read_then_all_at_once_bit_for_bit() 
 def test_a_read_or_assigned_deferred_embedding_is_checked_like_any_other() -> None:
     ns, blobs = _decoded(3)
     got = decode_embeddings(blobs)
-    got[1].tag = torch.full((64,), float("nan"))
+    got[1].tag = torch.full((64,), float("nan"))  # assigned before any read: kept
     assert untouched_width(got[1]) is None and untouched_width(got[0]) == 64
+    assert list(got[1].fields) == list(_decode_each(blobs)[1].fields)
+    assert bool(got[1].tag.isnan().all())
     with pytest.raises(ValidationError, match=f"embedding of note {ns[1].id}.tag: expected finite"):
         MemoryCluster().add_notes(ns, got)
     fresh = decode_embeddings(blobs)
