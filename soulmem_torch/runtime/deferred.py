@@ -2,7 +2,7 @@
 
 A store holds a note's vectors sparse (its nonzero values and their positions). A load checks
 every stored blob completely (header, sizes, positions in range, every stored value finite)
-and then hands out one :class:`DeferredEmbedding` per note instead of dense tensors: the dense
+and then hands out one deferred embedding per note instead of dense tensors: the dense
 buffer of the whole store (1.6 GB of float32 at 100,000 notes, four 1,024-wide vectors a note)
 is zero-filled, scattered and cut into views only when a vector is first read — by the first
 snapshot, a search, a save that re-encodes it. Then all of them are built at once, in the same
