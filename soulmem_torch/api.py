@@ -370,17 +370,25 @@ class SoulMem:
                 records, pending = records_from_json(contents.records, where=f"{path}: records")
                 # the records in the order adding the notes and then the stored records gives
                 # (each note's stored record, or a fresh one; then the other stored ones)
-                stored = {r.memory_id: r for r in records}
-                for note in contents.notes:
-                    rec = stored.pop(note.id, None)
-                    wm.records[note.id] = Record.new(note.id) if rec is None else rec
-                wm.records.update(stored)
+                note_ids = [n.id for n in contents.notes]
+                if [r.memory_id for r in records[: len(note_ids)]] == note_ids:
+                    wm.records.update(zip(note_ids, records))  # what a save writes: note order
+                    wm.records.update((r.memory_id, r) for r in records[len(note_ids) :])
+                else:
+                    stored = {r.memory_id: r for r in records}
+                    for nid in note_ids:
+                        rec = stored.pop(nid, None)
+                        wm.records[nid] = Record.new(nid) if rec is None else rec
+                    wm.records.update(stored)
                 if pending:
                     wm.retrieval_revision = wm.plasticity_revision + 1
                 summary = contents.records.get("window_summary")
                 if isinstance(summary, str) and summary:
                     wm.sliding_window.set_summary(summary)
-            wm.add_nodes(contents.notes, embeddings)
+            if contents.records is not None:  # every note has its record now
+                wm.cluster.add_notes(contents.notes, embeddings)
+            else:
+                wm.add_nodes(contents.notes, embeddings)
             mem.readable_ids.update(contents.readable_ids or {})
             mem._origin = (Path(path).resolve(), contents.version)
             return mem

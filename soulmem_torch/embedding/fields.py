@@ -143,6 +143,19 @@ class MemoryEmbedding:
     tag: Tensor
     fields: dict[str, Tensor] = field(default_factory=dict)
 
+    def __getattr__(self, name: str) -> Any:
+        # reached only for a missing attribute: the vectors of a deferred embedding (a store's
+        # load, runtime/deferred.py), put in place on their first read
+        if name in ("tag", "fields"):
+            pending = self.__dict__.get("_pending")
+            if pending is not None:
+                pending.resolve(self)
+                return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __getstate__(self) -> dict[str, Any]:  # copy / pickle: the vectors themselves
+        return {"tag": self.tag, "fields": self.fields}
+
     @property
     def dim(self) -> int:
         return int(self.tag.shape[-1])

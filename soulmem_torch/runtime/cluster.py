@@ -61,6 +61,7 @@ from soulmem_torch.errors import NotFoundError, ValidationError
 from soulmem_torch.model.ids import LinkId, MemoryId
 from soulmem_torch.model.links import MemoryLink
 from soulmem_torch.model.notes import MemoryNote
+from soulmem_torch.runtime.deferred import untouched_width
 
 _T = TypeVar("_T")
 
@@ -492,6 +493,7 @@ class MemoryCluster:
             dim = self._dim
             seen: set[MemoryId] = set()
             nodes = self._nodes
+            untouched = untouched_width
             checked: list[tuple[Any, str | None, torch.Tensor]] = []  # finite-checked in bulk
             try:
                 for i, item in enumerate(items):
@@ -510,14 +512,18 @@ class MemoryCluster:
                         before = len(seen)
                         seen.add(nid)
                         if emb is not None and len(seen) != before:
-                            dim = _shapes(emb, dim, _Where(nid), checked)
+                            width = untouched(emb)  # a load's, as its decoder checked it
+                            if width is not None and (dim is None or width == dim):
+                                dim = width
+                            else:
+                                dim = _shapes(emb, dim, _Where(nid), checked)
                     prepared.append((item, emb))
             except ValidationError:
                 _raise_non_finite(checked)  # an earlier note's NaN is reported first
                 raise
             _raise_non_finite(checked)
 
-            added, changed = self._insert_all(prepared, links_after_nodes)
+            added, changed = self._insert_all(prepared, links_after_nodes, dim)
             if links_after_nodes:
                 for (note, _), is_new in zip(prepared, added):
                     if is_new:
@@ -530,12 +536,16 @@ class MemoryCluster:
             return added
 
     def _insert_all(
-        self, prepared: Sequence[tuple[MemoryNote, MemoryEmbedding | None]], links_after_nodes: bool
+        self,
+        prepared: Sequence[tuple[MemoryNote, MemoryEmbedding | None]],
+        links_after_nodes: bool,
+        width: int | None,
     ) -> tuple[list[bool], bool]:
         """Inserts validated notes one after the other: :meth:`_insert_node` then (unless
         ``links_after_nodes``) :meth:`_merge_link` of each out-link, or :meth:`_merge_duplicate`
         for a present id — the same steps in the same order, inlined (a store's load inserts
-        every note here: ~2× faster than the method calls). Returns ``(added, changed)``."""
+        every note here: ~2× faster than the method calls). ``width``: the width every
+        embedding was checked to have (no vector is read here). Returns ``(added, changed)``."""
         nodes, index, links = self._nodes, self._index, self._links
         out, into, pending = self._out, self._in, self._pending
         node_type, new_edge, edge_type = EmbeddedMemoryNote, _new_object, GraphMemoryLink
@@ -554,9 +564,9 @@ class MemoryCluster:
             nodes[nid] = node_type(note, emb)
             if index is not None:
                 index[nid] = len(index)
-            if emb is not None:
+            if emb is not None:  # checked to be ``width`` wide (read without a vector)
                 num_embedded += 1
-                dim = int(emb.tag.shape[-1])
+                dim = width
             parked = pending.pop(nid, None) if pending else None
             if parked:  # the links parked for it, in parking order (_materialize_pending)
                 for source, link in parked:

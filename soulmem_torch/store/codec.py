@@ -37,6 +37,7 @@ import torch
 
 from soulmem_torch.embedding.fields import FIELD_INDEX, FIELD_NAMES, MemoryEmbedding
 from soulmem_torch.runtime.cluster import mark_finite
+from soulmem_torch.runtime.deferred import DecodedVectors, deferred_embedding
 
 __all__ = [
     "decode_embedding",
@@ -274,7 +275,8 @@ def _decode_bulk(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None] 
     starts = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(rows, out=starts[1:])
     bits_type = np.dtype(_NP_BITS[itemsize]).newbyteorder("<")
-    flat = zeroed(int(starts[-1]) * dim, bits_type)
+    sparse: list[tuple[np.ndarray, np.ndarray]] = []  # (flat positions, values)
+    dense: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (values, bases, counts)
     for kind, index_type in ((_DENSE, None), (_SPARSE16, "<u2"), (_SPARSE32, "<u4")):
         chosen = np.flatnonzero(layout == kind)
         if not chosen.size:
@@ -292,34 +294,39 @@ def _decode_bulk(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None] 
         )
         if not np.isfinite(values.view(value_type)).all():  # only the stored values: the
             return None  # zeros around them are finite; _decode_each names the blob
+        if index_type is None:  # a dense blob: its rows × dim values, in order
+            dense.append((values, starts[chosen] * dim, cnt))
+            continue
         first = np.zeros(len(sel), dtype=np.int64)
         np.cumsum(cnt[:-1], out=first[1:])
         owner = np.repeat(np.arange(len(sel)), cnt)
-        if index_type is None:
-            local = np.arange(total, dtype=np.int64) - first[owner]
-        else:
-            local = np.frombuffer(
-                b"".join(parts[k][head : head + c * widths] for k, c in zip(sel, cnt.tolist())),
-                dtype=index_type,
-            ).astype(np.int64)
-            if (local >= size[chosen][owner]).any():
-                return None
-        flat[local + (starts[chosen] * dim)[owner]] = values
-    native = flat.astype(flat.dtype.newbyteorder("="), copy=False)
-    dtype = _DTYPES[code]
-    root = torch.from_numpy(native.view(floats))
-    mark_finite(root, dtype)  # every stored value was checked above
-    vectors = root.view(-1, dim).unbind(0)
+        local = np.frombuffer(
+            b"".join(parts[k][head : head + c * widths] for k, c in zip(sel, cnt.tolist())),
+            dtype=index_type,
+        ).astype(np.int64)
+        if (local >= size[chosen][owner]).any():
+            return None
+        local += (starts[chosen] * dim)[owner]
+        sparse.append((local, values))
+
+    def fill(flat: np.ndarray) -> None:  # the stored values into the zeroed buffer
+        for positions, values in sparse:
+            flat[positions] = values
+        for values, bases, counts in dense:
+            first = np.zeros(counts.size, dtype=np.int64)
+            np.cumsum(counts[:-1], out=first[1:])
+            owner = np.repeat(np.arange(counts.size), counts)
+            flat[np.arange(values.size, dtype=np.int64) - first[owner] + bases[owner]] = values
+
+    source = DecodedVectors(rows=int(starts[-1]), dim=dim, dtype=_DTYPES[code], floats=floats,
+                            bits=bits_type, fill=fill, zeroed=zeroed, on_built=mark_finite)  # fmt: skip
     names_of = _MASK_NAMES
     lows = starts.tolist()
     for k, (i, m) in enumerate(zip(present, mask.tolist())):
         names = names_of.get(m)
         if names is None:
             names = names_of[m] = [f for f in FIELD_NAMES if m >> FIELD_INDEX[f] & 1]
-        lo = lows[k]
-        out[i] = MemoryEmbedding(
-            tag=vectors[lo], fields=dict(zip(names, vectors[lo + 1 : lows[k + 1]]))
-        )
+        out[i] = deferred_embedding(source, lows[k], names)
     return out
 
 

@@ -20,6 +20,7 @@ from soulmem_torch.errors import StoreError, ValidationError
 from soulmem_torch.model.describe import describe_validation_error
 from soulmem_torch.model.ids import MemoryId, parsed_ids
 from soulmem_torch.model.notes import MemoryNote
+from soulmem_torch.runtime.deferred import untouched_layout
 from soulmem_torch.store._legacy import (
     DEFAULT_LOCK_TIMEOUT,
     FORMAT_NAME,
@@ -132,15 +133,25 @@ def layout_of(embeddings: Sequence[MemoryEmbedding | None]) -> dict[str, Any] | 
     present = [e for e in embeddings if e is not None]
     if not present:
         return None
-    dtype = present[0].tag.dtype
+    dtype: torch.dtype | None = None
     names: set[str] = set()
+    sources: set[int] = set()
+    first = untouched_layout(present[0])
     for e in present:
+        untouched = untouched_layout(e)
+        if untouched is not None:  # a load's: its buffer's dtype, its field names (unbuilt)
+            source, fields = untouched
+            if id(source) not in sources:
+                sources.add(id(source))
+                dtype = source.dtype if dtype is None else torch.promote_types(dtype, source.dtype)
+            names.update(fields)
+            continue
         for v in (e.tag, *e.fields.values()):
             if v.dtype != dtype:
-                dtype = torch.promote_types(dtype, v.dtype)
+                dtype = v.dtype if dtype is None else torch.promote_types(dtype, v.dtype)
         names.update(e.fields)
     return {
-        "dim": int(present[0].tag.shape[0]),
+        "dim": int(first[0].dim if first is not None else present[0].dim),
         "dtype": str(dtype).removeprefix("torch."),
         "fields": [n for n in FIELD_NAMES if n in names],
         "count": len(present),

@@ -141,7 +141,8 @@ def _cluster_state(cluster) -> tuple:  # type: ignore[no-untyped-def]
 
 
 def test_a_load_is_the_one_by_one_reference_bit_for_bit(tmp_path: Path) -> None:
-    """``SoulMem.load`` (bulk parse, bulk decode, inlined insertion, load-time caches) gives
+    """``SoulMem.load`` (bulk parse, bulk decode into vectors built on first read, inlined
+    insertion, load-time caches, records in note order) gives
     exactly what the plain paths give: each row's JSON parsed on its own, each blob decoded
     on its own, each note added with ``add_note`` — notes, edges (and their order), parked
     links, records and embedding bits — on the bundled sample memory (every note kind, links
@@ -150,6 +151,7 @@ def test_a_load_is_the_one_by_one_reference_bit_for_bit(tmp_path: Path) -> None:
     from soulmem_torch.model import MemoryLink, SemMemLink
     from soulmem_torch.model.soul_tune import load_soul_tune_graph
     from soulmem_torch.runtime.cluster import MemoryCluster
+    from soulmem_torch.runtime.deferred import untouched_layout
     from soulmem_torch.runtime.records import records_to_json
     from soulmem_torch.store.codec import decode_embedding
 
@@ -167,6 +169,8 @@ def test_a_load_is_the_one_by_one_reference_bit_for_bit(tmp_path: Path) -> None:
     mem.save(tmp_path)
 
     back = SoulMem.load(tmp_path, embedder=EMB)
+    layouts = [untouched_layout(e.embedding) for e in back.cluster]  # vectors built on first read
+    assert all(lay is not None and not lay[0].built for lay in layouts)
     with sqlite3.connect(tmp_path / DB_FILE) as conn:
         rows = conn.execute("SELECT note, emb FROM notes ORDER BY pos, id").fetchall()
     ref = MemoryCluster()
