@@ -23,6 +23,7 @@ import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from operator import concat
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,6 @@ from soulmem_torch.functional.fusion import (
     bm25_candidate_scores,
     bm25_note_weights,
     bm25_scores,
-    bm25_term_major,
 )
 
 if TYPE_CHECKING:
@@ -161,6 +161,7 @@ def note_strings(note: MemoryNote) -> list[str]:
 
 _FIELDS_OF: dict[type, tuple[str, ...]] = {}
 _LEAVES = (int, float, type(None))
+_LEAF_TYPES = frozenset({int, float, bool, type(None)})
 
 
 def _model_strings(obj: Any, out: list[str]) -> bool:
@@ -173,19 +174,30 @@ def _model_strings(obj: Any, out: list[str]) -> bool:
         out.append(obj)
         return True
     if cls is list or cls is tuple:
-        return all(_model_strings(value, out) for value in obj)
-    names = _FIELDS_OF.get(cls)
-    if names is None:
-        if not isinstance(obj, BaseModel) or type(obj).__pydantic_computed_fields__:
-            return isinstance(obj, _LEAVES)  # numbers and None hold no string
-        names = _FIELDS_OF[cls] = tuple(
-            name
-            for name, info in cls.model_fields.items()
-            if name not in _SKIP_KEYS and not info.exclude
-        )
-    if getattr(obj, "__pydantic_extra__", None):
-        return False
-    return all(_model_strings(getattr(obj, name), out) for name in names)
+        values: Iterable[Any] = obj
+    else:
+        names = _FIELDS_OF.get(cls)
+        if names is None:
+            if not isinstance(obj, BaseModel) or type(obj).__pydantic_computed_fields__:
+                if cls in _LEAF_TYPES:
+                    _FIELDS_OF[cls] = ()  # (numbers and None hold no string)
+                return isinstance(obj, _LEAVES)
+            names = _FIELDS_OF[cls] = tuple(
+                name
+                for name, info in cls.model_fields.items()
+                if name not in _SKIP_KEYS and not info.exclude
+            )
+        if not names:
+            return True
+        if getattr(obj, "__pydantic_extra__", None):
+            return False
+        values = map(getattr, repeat(obj), names)
+    for value in values:  # (a string inline: most values are)
+        if type(value) is str:
+            out.append(value)
+        elif not _model_strings(value, out):
+            return False
+    return True
 
 
 def query_strings(query: Any) -> list[str]:
@@ -312,16 +324,19 @@ def _other_term_ids(ids: _TermIds, texts: Sequence[str]) -> tuple[np.ndarray, np
                     extend(map(term, map(concat, run, run[1:])))
         ends.append(len(out))
     tid = np.asarray(out, dtype=np.int64)
-    text_of = np.repeat(np.arange(len(ends)), np.diff(np.asarray([0] + ends, dtype=np.int64)))
+    text_of = np.repeat(np.arange(len(ends)), np.diff(np.asarray([0, *ends], dtype=np.int64)))
     keep = tid >= 0
     return tid[keep], text_of[keep]
 
 
 def _note_terms(notes: Sequence[MemoryNote]) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """``(term ids, note of each, term names)``: every note's terms in note order, each
-    note's in reading order (the terms of :func:`text_terms` of each of its strings)."""
+    note's in reading order (the terms of :func:`text_terms` of each of its strings); a text
+    that several notes hold (a session shared by several memories) is read once."""
     ids = _TermIds()
-    texts = ["\x00".join(note_strings(note)) for note in notes]
+    position: dict[str, int] = {}
+    text_of_note = [position.setdefault("\x00".join(note_strings(n)), len(position)) for n in notes]
+    texts = list(position)
     is_ascii = np.fromiter(map(str.isascii, texts), bool, len(texts))
     parts = []
     for reader, rows in (
@@ -335,11 +350,21 @@ def _note_terms(notes: Sequence[MemoryNote]) -> tuple[np.ndarray, np.ndarray, li
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, ids.names
     tid = np.concatenate([t for t, _ in parts])
-    note = np.concatenate([n for _, n in parts])
-    if len(parts) > 1:  # back in note order (each note's terms keep their order)
-        order = np.argsort(note, kind="stable")
-        tid, note = tid[order], note[order]
-    return tid, note, ids.names
+    text = np.concatenate([n for _, n in parts])
+    if len(parts) > 1:  # back in text order (each text's terms keep their order)
+        order = np.argsort(text, kind="stable")
+        tid, text = tid[order], text[order]
+    if len(texts) == len(notes):  # every note its own text, in order
+        return tid, text, ids.names
+    # each note's text's terms: the text's run of the stream
+    count = np.bincount(text, minlength=len(texts))
+    start = np.cumsum(count) - count
+    which = np.asarray(text_of_note, dtype=np.int64)
+    length = count[which]
+    total = int(length.sum())
+    offset = np.repeat(start[which] - (np.cumsum(length) - length), length)
+    note = np.repeat(np.arange(len(notes), dtype=np.int64), length)
+    return tid[offset + np.arange(total, dtype=np.int64)], note, ids.names
 
 
 def build_text_index(notes: Sequence[MemoryNote], *, device: torch.device) -> TextIndex:
@@ -403,8 +428,8 @@ def build_text_indexes(
     weights = bm25_note_weights(tf, segment=segment)
     if len(sizes) == 1:
         weights = weights.to(device)
-        return [TextIndex(vocabs[0], weights, bm25_term_major(weights))]
-    term_major = bm25_term_major(weights)
+        return [TextIndex(vocabs[0], weights, _term_major(weights))]
+    term_major = _term_major(weights)
     # the blocks: entries of memory k lie between its first note's (term's) and the next's
     w_index, w_values = weights.indices(), weights.values()
     t_index, t_values = term_major.indices(), term_major.values()
@@ -425,6 +450,21 @@ def build_text_indexes(
         ).to(device)  # fmt: skip
         out.append(TextIndex(vocab, own, own_t))
     return out
+
+
+def _term_major(weights: Tensor) -> Tensor:
+    """:func:`~soulmem_torch.functional.fusion.bm25_term_major` of coalesced weights (the same
+    tensor): the entries put in (term, note) order by one sort of their distinct keys."""
+    rows, cols = weights.indices()
+    n, v = weights.shape
+    order = torch.argsort(cols * max(n, 1) + rows)
+    return torch.sparse_coo_tensor(
+        torch.stack([cols[order], rows[order]]),
+        weights.values()[order],
+        (v, n),
+        is_coalesced=True,
+        check_invariants=False,
+    )
 
 
 def _notes_of(memory: MemorySource) -> list[Any] | None:
