@@ -572,6 +572,20 @@ class HashingEmbedder:
     # -- embedding ------------------------------------------------------------------------
     def __call__(self, texts: Sequence[str]) -> Tensor:
         """Embeds a batch: ``(len(texts), dim)`` float32, rows unit-norm or zero (no feature)."""
+        ptr, cols, vals, base = self.cells(texts)
+        n = len(ptr) - 1
+        out = np.zeros((n, self.dim), dtype=np.float32)
+        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
+        out.reshape(-1)[rows * self.dim + cols] = vals
+        out[:, -1] = base
+        return torch.from_numpy(out)
+
+    def cells(self, texts: Sequence[str]) -> tuple[np.ndarray, ...]:
+        """The non-zero values of ``self(texts)`` without the dense matrix: ``(ptr, cols,
+        vals, base)`` — text ``i``'s lexical cells are ``cols[ptr[i]:ptr[i + 1]]`` (int64, in
+        column order, all below ``dim - 1``) with their float32 ``vals``, and ``base[i]`` (float32)
+        is its last column, the baseline (0 for a text without features). The same values, bit
+        for bit, as the rows of ``self(texts)``."""
         if isinstance(texts, str):
             raise ValidationError("texts: expected a sequence of strings, found one str")
         texts = list(texts)
@@ -581,17 +595,29 @@ class HashingEmbedder:
                 f"texts[{row}]: expected a str, found {type(texts[row]).__name__}"
             )
         distinct = list(dict.fromkeys(texts))  # (times, speakers, empty fields repeat)
-        out = np.zeros((len(distinct), self.dim), dtype=np.float32)
+        parts = []
         reg = _REGISTRY
         with reg.lock:
             reg.trim()
             for start in range(0, len(distinct), _BLOCK_ROWS):
-                block = distinct[start : start + _BLOCK_ROWS]
-                self._dense(reg, block, out[start : start + len(block)])
-        if len(distinct) < len(texts):
+                parts.append(self._block(reg, distinct[start : start + _BLOCK_ROWS]))
+        if parts:
+            counts = np.concatenate([c for c, _, _, _ in parts])
+            cols = np.concatenate([c for _, c, _, _ in parts])
+            vals = np.concatenate([v for _, _, v, _ in parts])
+            base = np.concatenate([b for _, _, _, b in parts])
+        else:
+            counts = cols = np.zeros(0, dtype=np.int64)
+            vals = base = np.zeros(0, dtype=np.float32)
+        if len(distinct) < len(texts):  # each text's row of the distinct ones
             position = dict(zip(distinct, range(len(distinct))))
-            out = out[np.fromiter(map(position.__getitem__, texts), np.int64, len(texts))]
-        return torch.from_numpy(out)
+            which = np.fromiter(map(position.__getitem__, texts), np.int64, len(texts))
+            start = np.cumsum(counts) - counts
+            at = _gather(start[which], counts[which], np.arange(len(cols), dtype=np.int64))
+            counts, cols, vals, base = counts[which], cols[at], vals[at], base[which]
+        ptr = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        return ptr, cols, vals, base
 
     def _values(
         self, reg: _Registry, feats: np.ndarray, counts: np.ndarray, size: int
@@ -610,9 +636,9 @@ class HashingEmbedder:
             )
         return cols, signs * weight
 
-    def _dense(self, reg: _Registry, texts: list[str], out: np.ndarray) -> None:
-        """Writes the vectors of distinct ``texts`` into ``out`` (``(len(texts), dim)`` f32,
-        C-contiguous).
+    def _block(self, reg: _Registry, texts: list[str]) -> tuple[np.ndarray, ...]:
+        """The cells of distinct ``texts``: ``(cells per text, cols, float32 vals, float32
+        baseline per text)``, each text's cells in column order.
 
         Only the non-zero cells are computed, each with the roundings of the dense definition:
         a cell sums its values in stream order (as the dense ``bincount``), each row norm is
@@ -640,6 +666,5 @@ class HashingEmbedder:
         final = (
             lex_vals / np.where(nonempty, lex_norm, 1.0)[lex_rows] * math.sqrt(1.0 - self.baseline)
         )
-        out[:] = 0.0
-        out.reshape(-1)[lex_rows * self.dim + lex_cols] = final.astype(np.float32)
-        out[:, -1] = math.sqrt(self.baseline) * nonempty
+        base = (math.sqrt(self.baseline) * nonempty).astype(np.float32)
+        return np.bincount(lex_rows, minlength=n), lex_cols, final.astype(np.float32), base
