@@ -128,7 +128,6 @@ class _Grow:
         return self.data[: self.size]
 
 
-_PAIR = "p{} {}".format
 _HASH_BASE = hashlib.blake2b(digest_size=8, key=_KEY)
 
 
@@ -160,6 +159,7 @@ class _Registry:
     def clear(self) -> None:
         self.vocab: dict[str, int] = {}
         self.tok_str: list[str] = []
+        self.pair_head: list[str] = []  # each token's ``"p" + token + " "`` (its pairs' start)
         self.kind = _Grow(np.int8)
         self.atom_ptr = _Grow(np.int64)
         self.atom_len = _Grow(np.int64)
@@ -237,6 +237,7 @@ class _Registry:
         start = len(self.tok_str)
         self.vocab.update(zip(tokens, range(start, start + len(tokens))))
         self.tok_str.extend(tokens)
+        self.pair_head.extend([f"p{tok} " for tok in tokens])
         self.kind.extend(kinds)
         a_len_arr = np.asarray(a_len, dtype=np.int64)
         l_len_arr = np.asarray(l_len, dtype=np.int64)
@@ -274,9 +275,13 @@ class _Registry:
         out[known] = self.pair_feat[at[known]]
         new = keys[~known]
         if len(new):
-            word = self.tok_str.__getitem__
+            head, word = self.pair_head.__getitem__, self.tok_str.__getitem__
             names = list(
-                map(_PAIR, map(word, (new >> 32).tolist()), map(word, (new & 0xFFFFFFFF).tolist()))
+                map(
+                    str.__add__,
+                    map(head, (new >> 32).tolist()),
+                    map(word, (new & 0xFFFFFFFF).tolist()),
+                )
             )
             start = len(self.feat_str)
             fids = np.arange(start, start + len(new), dtype=np.int64)
