@@ -69,8 +69,15 @@ class EmbeddingPlan:
             self.add(slot, text, weight, origin)  # (``add`` reports a non-str)
             return
         chunks = chunk_text(text, self.chunk_chars)
-        for chunk in chunks:
-            self.add(slot, chunk, weight / len(chunks), origin)
+        if not chunks:
+            return
+        share = weight / len(chunks)
+        known = self._text_id.get
+        for chunk in chunks:  # (``add`` inlined: a long note has many chunks)
+            idx = known(chunk)
+            self._text.append(self._text_index(chunk, origin) if idx is None else idx)
+        self._slot.extend([slot] * len(chunks))
+        self._weight.extend([share] * len(chunks))
 
     def describe(self, text_index: int) -> str:
         return self._origin[text_index]
