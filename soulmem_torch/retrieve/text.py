@@ -256,6 +256,8 @@ _ASCII_WORDS = bytes(
     for c in range(256)
 )
 _SEP_ID, _STOP_ID = -2, -1
+_TEXTS_PER_PASS = 1024
+"""Note texts read per pass (a pass holds its words as Python strings)."""
 
 
 class _TermIds(dict):  # type: ignore[type-arg]
@@ -343,15 +345,16 @@ def _note_terms(notes: Sequence[MemoryNote]) -> tuple[np.ndarray, np.ndarray, li
         (_ascii_term_ids, np.flatnonzero(is_ascii)),
         (_other_term_ids, np.flatnonzero(~is_ascii)),
     ):
-        if len(rows):
-            tid, text_of = reader(ids, [texts[i] for i in rows.tolist()])
-            parts.append((tid, rows[text_of]))
+        for start in range(0, len(rows), _TEXTS_PER_PASS):  # (bounds the word lists held)
+            block = rows[start : start + _TEXTS_PER_PASS]
+            tid, text_of = reader(ids, [texts[i] for i in block.tolist()])
+            parts.append((tid, block[text_of]))
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, ids.names
     tid = np.concatenate([t for t, _ in parts])
     text = np.concatenate([n for _, n in parts])
-    if len(parts) > 1:  # back in text order (each text's terms keep their order)
+    if is_ascii.any() and not is_ascii.all():  # back in text order (each keeps its order)
         order = np.argsort(text, kind="stable")
         tid, text = tid[order], text[order]
     if len(texts) == len(notes):  # every note its own text, in order
