@@ -49,7 +49,9 @@ non-zero cells are computed: each cell's sum in that order, each row norm as num
 sum of the dense row (:func:`_row_norms` replays it on the cells), the same divisions and
 products. The vectors are bit for bit those of the text-by-text computation, which
 ``tests/embedding/test_hashing.py`` keeps as the reference. Python work per text is none; per
-new token or feature, a registry entry.
+new token or feature, a registry entry. :meth:`HashingEmbedder.cells` hands out the non-zero
+cells themselves (each text's columns and values, and its baseline): the note and query plans
+(``embedding/_plan.py``) sum their fields from them, without the dense ``(texts, D)`` matrix.
 """
 
 from __future__ import annotations

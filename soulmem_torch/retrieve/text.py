@@ -382,10 +382,12 @@ def build_text_indexes(
     """The BM25 index of each memory's notes (in graph order), every memory in one pass.
 
     The terms of every note are :func:`text_terms` of each of its strings (the same terms,
-    read in one normalization and one regular-expression pass over all notes of all
-    memories); each memory numbers its own terms in order of first appearance; the term-count
-    matrix of all memories (block-diagonal: terms and notes offset per memory) is counted by
-    one ``torch.unique`` of ``(note, term)`` keys and weighted by one segment-wise
+    read a thousand texts a pass: ASCII texts by one byte table and ``split``, the others by
+    one normalization and the run pattern; a text several notes share is read once); each
+    memory numbers its own terms in order of first appearance (one ``numpy.unique`` of
+    ``(memory, term)`` keys); the term-count matrix of all memories (block-diagonal: terms
+    and notes offset per memory) is counted by one ``numpy.unique`` of ``(note, term)`` keys
+    and weighted by one segment-wise
     :func:`~soulmem_torch.functional.fusion.bm25_note_weights` (each memory's own IDF and
     average length); the blocks are then cut apart. Each index is the same, bit for bit, as
     the memory's alone."""
