@@ -15,6 +15,8 @@ def _check_text(value: object, what: str, *, empty: bool = False) -> str:
         raise ValidationError(f"{what}: expected a string, found {type(value).__name__}")
     if not empty and not value.strip():
         raise ValidationError(f"{what}: expected a non-empty string, found {value!r}")
+    if value.isascii():  # (a constant-time test: ASCII text always encodes)
+        return value
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -77,6 +79,34 @@ class ChatTurn:
         if self.caption:
             return f"{self.text} [image: {self.caption}]".strip()
         return self.text
+
+
+def checked_turn(
+    speaker: str,
+    role: str,
+    text: str,
+    id: str | None = None,
+    has_answer: bool | None = None,
+    *,
+    names: set[str],
+) -> ChatTurn:
+    """``ChatTurn(speaker, role, text, None, id, None, has_answer)`` for a reader of many turns:
+    the same checks (``names`` holds the speaker / role strings already checked, so each is
+    checked once), the same turn, without a dataclass ``__post_init__`` per turn."""
+    for value, what in ((speaker, "speaker"), (role, "role")):
+        if type(value) is not str or value not in names:
+            _check_text(value, what)
+            names.add(value)
+    if type(text) is not str or not text.isascii():
+        _check_text(text, "text", empty=True)
+    if id is not None:
+        _check_text(id, "id")
+    turn = object.__new__(ChatTurn)
+    vars(turn).update(
+        speaker=speaker, role=role, text=text, time=None, id=id, caption=None,
+        has_answer=has_answer,
+    )  # fmt: skip
+    return turn
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from soulmem_torch._gcpause import gc_paused
-from soulmem_torch.chat._types import ChatSession, ChatTurn
+from soulmem_torch.chat._types import ChatSession, ChatTurn, checked_turn
 from soulmem_torch.errors import ValidationError
 
 __all__ = [
@@ -204,6 +204,7 @@ def _lme_sessions(item: dict[str, Any], where: str) -> tuple[ChatSession, ...]:
             f"length ({len(ids)}, {len(dates)}, {len(sessions)})"
         )
     out = []
+    names: set[str] = set()  # the role strings checked
     for j, (sid, date, turns) in enumerate(zip(ids, dates, sessions)):
         w = f"{where}.haystack_sessions[{j}]"
         if not isinstance(turns, list):
@@ -211,13 +212,19 @@ def _lme_sessions(item: dict[str, Any], where: str) -> tuple[ChatSession, ...]:
         sid = str(sid)
         chat = []
         for i, t in enumerate(turns):
-            role = _field(t, "role", str, f"{w}[{i}]")
-            content = _field(t, "content", str, f"{w}[{i}]")
+            if type(t) is dict:  # (the common case without a call per field)
+                role, content = t.get("role"), t.get("content")
+            if type(t) is not dict or type(role) is not str or type(content) is not str:
+                role = _field(t, "role", str, f"{w}[{i}]")
+                content = _field(t, "content", str, f"{w}[{i}]")
             has = t.get("has_answer")
-            chat.append(
-                ChatTurn(role, role, content, None, f"{sid}_{i + 1}", None,
-                         bool(has) if has is not None else None)
-            )  # fmt: skip
+            try:
+                chat.append(
+                    checked_turn(role, role, content, f"{sid}_{i + 1}",
+                                 bool(has) if has is not None else None, names=names)
+                )  # fmt: skip
+            except ValidationError as exc:
+                raise ValidationError(f"{w}[{i}]: {exc}") from None
         try:
             out.append(ChatSession(sid, parse_chat_time(str(date)), tuple(chat)))
         except ValidationError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -68,8 +69,15 @@ class EmbeddingPlan:
             self.add(slot, text, weight, origin)  # (``add`` reports a non-str)
             return
         chunks = chunk_text(text, self.chunk_chars)
-        for chunk in chunks:
-            self.add(slot, chunk, weight / len(chunks), origin)
+        if not chunks:
+            return
+        share = weight / len(chunks)
+        known = self._text_id.get
+        for chunk in chunks:  # (``add`` inlined: a long note has many chunks)
+            idx = known(chunk)
+            self._text.append(self._text_index(chunk, origin) if idx is None else idx)
+        self._slot.extend([slot] * len(chunks))
+        self._weight.extend([share] * len(chunks))
 
     def describe(self, text_index: int) -> str:
         return self._origin[text_index]
@@ -83,6 +91,11 @@ class EmbeddingPlan:
         device: torch.device | str | None,
     ) -> Tensor:
         """Embeds every distinct text once and returns the slots, shape ``(num_slots, D)`` f32."""
+        cells = _hashing_cells(embedder, self.texts, query=query, batch_size=batch_size)
+        if cells is not None:
+            return _weighted_sum_cells(
+                cells, self.num_slots, self._slot, self._text, self._weight, device=device
+            )
         vectors = self._embed(embedder, query=query, batch_size=batch_size, device=device)
         return _weighted_sum(vectors, self.num_slots, self._slot, self._text, self._weight)
 
@@ -113,16 +126,18 @@ class EmbeddingPlan:
             if first[row]:
                 first[row] = False
                 representative[slot] = True
-        vectors = self._embed(embedder, query=query, batch_size=batch_size, device=device)
         keep = [i for i, slot in enumerate(self._slot) if representative[slot]]
-        out = _weighted_sum(
-            vectors,
+        args = (
             len(distinct),
             [slot_row[self._slot[i]] for i in keep],
             [self._text[i] for i in keep],
             [self._weight[i] for i in keep],
         )
-        return out, slot_row
+        cells = _hashing_cells(embedder, self.texts, query=query, batch_size=batch_size)
+        if cells is not None:
+            return _weighted_sum_cells(cells, *args, device=device), slot_row
+        vectors = self._embed(embedder, query=query, batch_size=batch_size, device=device)
+        return _weighted_sum(vectors, *args), slot_row
 
     def _embed(
         self, embedder: Any, *, query: bool, batch_size: int, device: torch.device | str | None
@@ -157,3 +172,60 @@ def _weighted_sum(
                 0, index[start:end], vectors.index_select(0, picked[start:end]) * w[start:end]
             )
     return out
+
+
+def _hashing_cells(
+    embedder: Any, texts: list[str], *, query: bool, batch_size: int
+) -> tuple[int, tuple[np.ndarray, ...]] | None:
+    """``(D, cells)``: the built-in :class:`~soulmem_torch.embedding.HashingEmbedder`'s
+    vectors of ``texts`` as their non-zero cells
+    (:meth:`~soulmem_torch.embedding.HashingEmbedder.cells`); ``None`` for any other embedder
+    (a subclass too: it may change what a call gives) and for cells that are not all finite
+    (the dense path then names the text)."""
+    from soulmem_torch.embedding.hashing import HashingEmbedder
+
+    if type(embedder) is not HashingEmbedder or (query and hasattr(embedder, "embed_query")):
+        return None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValidationError(f"batch_size: expected an int > 0, found {batch_size!r}")
+    cells = embedder.cells(texts)
+    _, _, vals, base = cells
+    if not (np.isfinite(vals).all() and np.isfinite(base).all()):
+        return None
+    return embedder.dim, cells
+
+
+def _weighted_sum_cells(
+    cells: tuple[int, tuple[np.ndarray, ...]],
+    rows: int,
+    slot: list[int],
+    text: list[int],
+    weight: list[float],
+    *,
+    device: torch.device | str | None,
+) -> Tensor:
+    """:func:`_weighted_sum` of vectors given by their cells (``HashingEmbedder.cells``), the
+    same values bit for bit: each contribution's cells times its float32 weight, added into
+    its row in contribution order (one ``index_add_``, which adds in index order); the cells a
+    vector does not have are zeros, and adding a zero product to a sum that starts at ``+0.0``
+    changes nothing. No dense ``(texts, D)`` matrix, no weighted copies of it."""
+    dim, (ptr, cols, vals, base) = cells
+    out = torch.zeros(rows * dim, dtype=torch.float32)
+    if slot:
+        t = np.asarray(text, dtype=np.int64)
+        s = np.asarray(slot, dtype=np.int64)
+        w = np.asarray(weight, dtype=np.float64).astype(np.float32)
+        length = ptr[t + 1] - ptr[t]
+        ends = np.cumsum(length)
+        total = int(ends[-1])
+        at = np.repeat(ptr[t] - (ends - length), length) + np.arange(total, dtype=np.int64)
+        contribution = np.repeat(np.arange(len(t), dtype=np.int64), length)
+        out.index_add_(
+            0,
+            torch.from_numpy(s[contribution] * dim + cols[at]),
+            torch.from_numpy(vals[at] * w[contribution]),
+        )
+        # the baseline (the last column): one value per contribution, in order
+        out.index_add_(0, torch.from_numpy(s * dim + (dim - 1)), torch.from_numpy(base[t] * w))
+    out = out.view(rows, dim)
+    return out if device is None else out.to(device)

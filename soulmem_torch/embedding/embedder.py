@@ -176,6 +176,8 @@ _SENTENCE = re.compile(r"[^。！？!?；;….]*(?:\.(?!\s)[^。！？!?；;….
 _CLAUSE = re.compile(r"[^，,、：:]*[，,、：:]?").findall
 _WORD = re.compile(r"(?<=\s)").split
 _LEVELS = (_PARAGRAPH, _LINE, _SENTENCE, _CLAUSE, _WORD)
+_MARKS = ("\n\n", "\n", None, None, None)
+"""A separator a level needs (text without it is one piece there: the level is skipped)."""
 
 
 def _split(text: str, limit: int, level: int) -> list[str]:
@@ -187,6 +189,9 @@ def _split(text: str, limit: int, level: int) -> list[str]:
         return [text]
     if level >= len(_LEVELS):
         return [text[i : i + limit] for i in range(0, len(text), limit)]
+    mark = _MARKS[level]
+    if mark is not None and mark not in text:
+        return _split(text, limit, level + 1)
     pieces = list(filter(None, _LEVELS[level](text)))
     if len(pieces) <= 1:
         return _split(text, limit, level + 1)

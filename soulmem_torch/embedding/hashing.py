@@ -49,7 +49,9 @@ non-zero cells are computed: each cell's sum in that order, each row norm as num
 sum of the dense row (:func:`_row_norms` replays it on the cells), the same divisions and
 products. The vectors are bit for bit those of the text-by-text computation, which
 ``tests/embedding/test_hashing.py`` keeps as the reference. Python work per text is none; per
-new token or feature, a registry entry.
+new token or feature, a registry entry. :meth:`HashingEmbedder.cells` hands out the non-zero
+cells themselves (each text's columns and values, and its baseline): the note and query plans
+(``embedding/_plan.py``) sum their fields from them, without the dense ``(texts, D)`` matrix.
 """
 
 from __future__ import annotations
@@ -128,7 +130,6 @@ class _Grow:
         return self.data[: self.size]
 
 
-_PAIR = "p{} {}".format
 _HASH_BASE = hashlib.blake2b(digest_size=8, key=_KEY)
 
 
@@ -160,6 +161,7 @@ class _Registry:
     def clear(self) -> None:
         self.vocab: dict[str, int] = {}
         self.tok_str: list[str] = []
+        self.pair_head: list[str] = []  # each token's ``"p" + token + " "`` (its pairs' start)
         self.kind = _Grow(np.int8)
         self.atom_ptr = _Grow(np.int64)
         self.atom_len = _Grow(np.int64)
@@ -237,6 +239,7 @@ class _Registry:
         start = len(self.tok_str)
         self.vocab.update(zip(tokens, range(start, start + len(tokens))))
         self.tok_str.extend(tokens)
+        self.pair_head.extend([f"p{tok} " for tok in tokens])
         self.kind.extend(kinds)
         a_len_arr = np.asarray(a_len, dtype=np.int64)
         l_len_arr = np.asarray(l_len, dtype=np.int64)
@@ -274,9 +277,13 @@ class _Registry:
         out[known] = self.pair_feat[at[known]]
         new = keys[~known]
         if len(new):
-            word = self.tok_str.__getitem__
+            head, word = self.pair_head.__getitem__, self.tok_str.__getitem__
             names = list(
-                map(_PAIR, map(word, (new >> 32).tolist()), map(word, (new & 0xFFFFFFFF).tolist()))
+                map(
+                    str.__add__,
+                    map(head, (new >> 32).tolist()),
+                    map(word, (new & 0xFFFFFFFF).tolist()),
+                )
             )
             start = len(self.feat_str)
             fids = np.arange(start, start + len(new), dtype=np.int64)
@@ -572,6 +579,20 @@ class HashingEmbedder:
     # -- embedding ------------------------------------------------------------------------
     def __call__(self, texts: Sequence[str]) -> Tensor:
         """Embeds a batch: ``(len(texts), dim)`` float32, rows unit-norm or zero (no feature)."""
+        ptr, cols, vals, base = self.cells(texts)
+        n = len(ptr) - 1
+        out = np.zeros((n, self.dim), dtype=np.float32)
+        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
+        out.reshape(-1)[rows * self.dim + cols] = vals
+        out[:, -1] = base
+        return torch.from_numpy(out)
+
+    def cells(self, texts: Sequence[str]) -> tuple[np.ndarray, ...]:
+        """The non-zero values of ``self(texts)`` without the dense matrix: ``(ptr, cols,
+        vals, base)`` — text ``i``'s lexical cells are ``cols[ptr[i]:ptr[i + 1]]`` (int64, in
+        column order, all below ``dim - 1``) with their float32 ``vals``, and ``base[i]`` (float32)
+        is its last column, the baseline (0 for a text without features). The same values, bit
+        for bit, as the rows of ``self(texts)``."""
         if isinstance(texts, str):
             raise ValidationError("texts: expected a sequence of strings, found one str")
         texts = list(texts)
@@ -581,17 +602,29 @@ class HashingEmbedder:
                 f"texts[{row}]: expected a str, found {type(texts[row]).__name__}"
             )
         distinct = list(dict.fromkeys(texts))  # (times, speakers, empty fields repeat)
-        out = np.zeros((len(distinct), self.dim), dtype=np.float32)
+        parts = []
         reg = _REGISTRY
         with reg.lock:
             reg.trim()
             for start in range(0, len(distinct), _BLOCK_ROWS):
-                block = distinct[start : start + _BLOCK_ROWS]
-                self._dense(reg, block, out[start : start + len(block)])
-        if len(distinct) < len(texts):
+                parts.append(self._block(reg, distinct[start : start + _BLOCK_ROWS]))
+        if parts:
+            counts = np.concatenate([c for c, _, _, _ in parts])
+            cols = np.concatenate([c for _, c, _, _ in parts])
+            vals = np.concatenate([v for _, _, v, _ in parts])
+            base = np.concatenate([b for _, _, _, b in parts])
+        else:
+            counts = cols = np.zeros(0, dtype=np.int64)
+            vals = base = np.zeros(0, dtype=np.float32)
+        if len(distinct) < len(texts):  # each text's row of the distinct ones
             position = dict(zip(distinct, range(len(distinct))))
-            out = out[np.fromiter(map(position.__getitem__, texts), np.int64, len(texts))]
-        return torch.from_numpy(out)
+            which = np.fromiter(map(position.__getitem__, texts), np.int64, len(texts))
+            start = np.cumsum(counts) - counts
+            at = _gather(start[which], counts[which], np.arange(len(cols), dtype=np.int64))
+            counts, cols, vals, base = counts[which], cols[at], vals[at], base[which]
+        ptr = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        return ptr, cols, vals, base
 
     def _values(
         self, reg: _Registry, feats: np.ndarray, counts: np.ndarray, size: int
@@ -610,9 +643,9 @@ class HashingEmbedder:
             )
         return cols, signs * weight
 
-    def _dense(self, reg: _Registry, texts: list[str], out: np.ndarray) -> None:
-        """Writes the vectors of distinct ``texts`` into ``out`` (``(len(texts), dim)`` f32,
-        C-contiguous).
+    def _block(self, reg: _Registry, texts: list[str]) -> tuple[np.ndarray, ...]:
+        """The cells of distinct ``texts``: ``(cells per text, cols, float32 vals, float32
+        baseline per text)``, each text's cells in column order.
 
         Only the non-zero cells are computed, each with the roundings of the dense definition:
         a cell sums its values in stream order (as the dense ``bincount``), each row norm is
@@ -640,6 +673,5 @@ class HashingEmbedder:
         final = (
             lex_vals / np.where(nonempty, lex_norm, 1.0)[lex_rows] * math.sqrt(1.0 - self.baseline)
         )
-        out[:] = 0.0
-        out.reshape(-1)[lex_rows * self.dim + lex_cols] = final.astype(np.float32)
-        out[:, -1] = math.sqrt(self.baseline) * nonempty
+        base = (math.sqrt(self.baseline) * nonempty).astype(np.float32)
+        return np.bincount(lex_rows, minlength=n), lex_cols, final.astype(np.float32), base

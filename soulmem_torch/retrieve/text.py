@@ -23,9 +23,11 @@ import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from operator import concat
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from pydantic import BaseModel
 from torch import Tensor
@@ -35,7 +37,6 @@ from soulmem_torch.functional.fusion import (
     bm25_candidate_scores,
     bm25_note_weights,
     bm25_scores,
-    bm25_term_major,
 )
 
 if TYPE_CHECKING:
@@ -160,6 +161,7 @@ def note_strings(note: MemoryNote) -> list[str]:
 
 _FIELDS_OF: dict[type, tuple[str, ...]] = {}
 _LEAVES = (int, float, type(None))
+_LEAF_TYPES = frozenset({int, float, bool, type(None)})
 
 
 def _model_strings(obj: Any, out: list[str]) -> bool:
@@ -172,19 +174,30 @@ def _model_strings(obj: Any, out: list[str]) -> bool:
         out.append(obj)
         return True
     if cls is list or cls is tuple:
-        return all(_model_strings(value, out) for value in obj)
-    names = _FIELDS_OF.get(cls)
-    if names is None:
-        if not isinstance(obj, BaseModel) or type(obj).__pydantic_computed_fields__:
-            return isinstance(obj, _LEAVES)  # numbers and None hold no string
-        names = _FIELDS_OF[cls] = tuple(
-            name
-            for name, info in cls.model_fields.items()
-            if name not in _SKIP_KEYS and not info.exclude
-        )
-    if getattr(obj, "__pydantic_extra__", None):
-        return False
-    return all(_model_strings(getattr(obj, name), out) for name in names)
+        values: Iterable[Any] = obj
+    else:
+        names = _FIELDS_OF.get(cls)
+        if names is None:
+            if not isinstance(obj, BaseModel) or type(obj).__pydantic_computed_fields__:
+                if cls in _LEAF_TYPES:
+                    _FIELDS_OF[cls] = ()  # (numbers and None hold no string)
+                return isinstance(obj, _LEAVES)
+            names = _FIELDS_OF[cls] = tuple(
+                name
+                for name, info in cls.model_fields.items()
+                if name not in _SKIP_KEYS and not info.exclude
+            )
+        if not names:
+            return True
+        if getattr(obj, "__pydantic_extra__", None):
+            return False
+        values = map(getattr, repeat(obj), names)
+    for value in values:  # (a string inline: most values are)
+        if type(value) is str:
+            out.append(value)
+        elif not _model_strings(value, out):
+            return False
+    return True
 
 
 def query_strings(query: Any) -> list[str]:
@@ -228,45 +241,133 @@ class TextIndex:
         return out.coalesce().to(device)
 
 
-# One pass over all notes' strings: strings joined by \x00 (no term crosses it, as none
-# crosses a string's end) and notes by \x01 (the text is split there after normalizing).
-
-
-def _bulk_text(notes: Sequence[MemoryNote]) -> str:
-    text = "\x01".join("\x00".join(note_strings(note)) for note in notes)
-    if text.count("\x01") != max(len(notes) - 1, 0):  # a note's own text holds \x01
-        text = "\x01".join(
-            "\x00".join(s.replace("\x01", " ") for s in note_strings(note)) for note in notes
-        )  # (a control character splits words as a space does: the terms are the same)
-    return text
-
+# One pass over all notes' strings. ASCII notes (most English text): NFKC is the identity,
+# the case fold is ``lower`` and the word runs are ``[a-z0-9]+``, so one byte table lowers
+# their letters and blanks every other byte (the note separator kept) and ``split`` reads
+# their words; the other notes are NFKC-normalized and case-folded together and read by the
+# run pattern, as :func:`text_terms` reads a text. Words map to term ids through one
+# per-build table (a word is stemmed once per process: ``_WORD_TERMS``).
 
 _CJK = re.compile(_RUNS.pattern.split("|(?P<word>")[0])
 _WORDS = re.compile(r"[^\W_]+")
+_NOTE_SEP = "\x01"
+_ASCII_WORDS = bytes(
+    c + 32 if 65 <= c <= 90 else c if (97 <= c <= 122 or 48 <= c <= 57 or c == 1) else 32
+    for c in range(256)
+)
+_SEP_ID, _STOP_ID = -2, -1
+_TEXTS_PER_PASS = 1024
+"""Note texts read per pass (a pass holds its words as Python strings)."""
 
 
-def _bulk_terms(norm: str, terms: list[str], ends: list[int]) -> None:
-    """The terms of each note of a normalized bulk text (notes split at ``\x01``) appended
-    to ``terms``, ``len(terms)`` after each note to ``ends``: a note without CJK runs is read
-    by one word pattern and its terms looked up by one ``map`` (no Python step per word); a
-    note with some reads its runs in order, as :func:`text_terms` does."""
-    lookup = _WORD_TERMS.__getitem__
+class _TermIds(dict):  # type: ignore[type-arg]
+    """casefolded word → the id of its term in ``names`` (``-1``: a stopword; the note
+    separator ``-2``), for one build; ``ids[word]`` fills a missing word."""
+
+    def __init__(self) -> None:
+        super().__init__({_NOTE_SEP: _SEP_ID})
+        self.names: list[str] = []
+        self.of_term: dict[str, int] = {}
+
+    def term(self, term: str) -> int:
+        """The id of a term (a CJK run's bigram or character)."""
+        tid = self.of_term.get(term)
+        if tid is None:
+            tid = self.of_term[term] = len(self.names)
+            self.names.append(term)
+        return tid
+
+    def __missing__(self, word: str) -> int:
+        term = _WORD_TERMS[word]
+        tid = self.term(term) if term else _STOP_ID
+        self[word] = tid
+        return tid
+
+
+def _joined(texts: Sequence[str]) -> str:
+    """``texts`` joined by the note separator (one in a text itself read as a space: a
+    control character splits words as a space does, so the terms are the same)."""
+    joined = _NOTE_SEP.join(texts)
+    if joined.count(_NOTE_SEP) != max(len(texts) - 1, 0):
+        joined = _NOTE_SEP.join(t.replace(_NOTE_SEP, " ") for t in texts)
+    return joined
+
+
+def _ascii_term_ids(ids: _TermIds, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(term ids, text of each)`` of ASCII ``texts`` in reading order (stopwords out)."""
+    joined = _joined(texts).replace(_NOTE_SEP, " \x01 ")
+    words = joined.encode("ascii").translate(_ASCII_WORDS).decode("ascii").split()
+    tid = np.fromiter(map(ids.__getitem__, words), np.int64, len(words))
+    text_of = np.cumsum(tid == _SEP_ID)
+    keep = tid >= 0
+    return tid[keep], text_of[keep]
+
+
+def _other_term_ids(ids: _TermIds, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(term ids, text of each)`` of any ``texts`` in reading order: one NFKC / case fold
+    over them all; a text without CJK runs read by one word pattern, one with some run by
+    run, as :func:`text_terms` does."""
+    norm = unicodedata.normalize("NFKC", _joined(texts)).casefold()
+    lookup, term = ids.__getitem__, ids.term
     search, words = _CJK.search, _WORDS.findall
-    add, extend = terms.append, terms.extend
-    for text in norm.split("\x01"):
+    out: list[int] = []
+    add, extend = out.append, out.extend
+    ends: list[int] = []
+    for text in norm.split(_NOTE_SEP):
         if search(text) is None:
-            extend(filter(None, map(lookup, words(text))))
+            extend(map(lookup, words(text)))
         else:
             for run, word in _RUNS.findall(text):
                 if word:
-                    term = lookup(word)
-                    if term:
-                        add(term)
+                    add(lookup(word))
                 elif len(run) == 1:
-                    add(run)
+                    add(term(run))
                 else:  # the run's character bigrams
-                    extend(map(concat, run, run[1:]))
-        ends.append(len(terms))
+                    extend(map(term, map(concat, run, run[1:])))
+        ends.append(len(out))
+    tid = np.asarray(out, dtype=np.int64)
+    text_of = np.repeat(np.arange(len(ends)), np.diff(np.asarray([0, *ends], dtype=np.int64)))
+    keep = tid >= 0
+    return tid[keep], text_of[keep]
+
+
+def _note_terms(notes: Sequence[MemoryNote]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """``(term ids, note of each, term names)``: every note's terms in note order, each
+    note's in reading order (the terms of :func:`text_terms` of each of its strings); a text
+    that several notes hold (a session shared by several memories) is read once."""
+    ids = _TermIds()
+    position: dict[str, int] = {}
+    text_of_note = [position.setdefault("\x00".join(note_strings(n)), len(position)) for n in notes]
+    texts = list(position)
+    is_ascii = np.fromiter(map(str.isascii, texts), bool, len(texts))
+    parts = []
+    for reader, rows in (
+        (_ascii_term_ids, np.flatnonzero(is_ascii)),
+        (_other_term_ids, np.flatnonzero(~is_ascii)),
+    ):
+        for start in range(0, len(rows), _TEXTS_PER_PASS):  # (bounds the word lists held)
+            block = rows[start : start + _TEXTS_PER_PASS]
+            tid, text_of = reader(ids, [texts[i] for i in block.tolist()])
+            parts.append((tid, block[text_of]))
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, ids.names
+    tid = np.concatenate([t for t, _ in parts])
+    text = np.concatenate([n for _, n in parts])
+    if is_ascii.any() and not is_ascii.all():  # back in text order (each keeps its order)
+        order = np.argsort(text, kind="stable")
+        tid, text = tid[order], text[order]
+    if len(texts) == len(notes):  # every note its own text, in order
+        return tid, text, ids.names
+    # each note's text's terms: the text's run of the stream
+    count = np.bincount(text, minlength=len(texts))
+    start = np.cumsum(count) - count
+    which = np.asarray(text_of_note, dtype=np.int64)
+    length = count[which]
+    total = int(length.sum())
+    offset = np.repeat(start[which] - (np.cumsum(length) - length), length)
+    note = np.repeat(np.arange(len(notes), dtype=np.int64), length)
+    return tid[offset + np.arange(total, dtype=np.int64)], note, ids.names
 
 
 def build_text_index(notes: Sequence[MemoryNote], *, device: torch.device) -> TextIndex:
@@ -281,51 +382,47 @@ def build_text_indexes(
     """The BM25 index of each memory's notes (in graph order), every memory in one pass.
 
     The terms of every note are :func:`text_terms` of each of its strings (the same terms,
-    read in one normalization and one regular-expression pass over all notes of all
-    memories); each memory numbers its own terms in order of first appearance; the term-count
-    matrix of all memories (block-diagonal: terms and notes offset per memory) is counted by
-    one ``torch.unique`` of ``(note, term)`` keys and weighted by one segment-wise
+    read a thousand texts a pass: ASCII texts by one byte table and ``split``, the others by
+    one normalization and the run pattern; a text several notes share is read once); each
+    memory numbers its own terms in order of first appearance (one ``numpy.unique`` of
+    ``(memory, term)`` keys); the term-count matrix of all memories (block-diagonal: terms
+    and notes offset per memory) is counted by one ``numpy.unique`` of ``(note, term)`` keys
+    and weighted by one segment-wise
     :func:`~soulmem_torch.functional.fusion.bm25_note_weights` (each memory's own IDF and
     average length); the blocks are then cut apart. Each index is the same, bit for bit, as
     the memory's alone."""
     sizes = [len(notes) for notes in memories]
     everything = [note for notes in memories for note in notes]
-    norm = unicodedata.normalize("NFKC", _bulk_text(everything)).casefold()
-    terms: list[str] = []
-    ends: list[int] = []  # len(terms) at the end of each note
     n = len(everything)
-    if n:
-        _bulk_terms(norm, terms, ends)
-    # each memory's term ids in order of first appearance (what a per-note Counter would give)
-    vocabs: list[dict[str, int]] = []
-    ids: list[int] = []  # each term's column in its memory's vocabulary
-    spans: list[int] = []  # terms of each memory
-    vocab_base = [0]
-    note_base = [0]
-    for size in sizes:
-        first, last = note_base[-1], note_base[-1] + size
-        lo = ends[first - 1] if first else 0
-        hi = ends[last - 1] if size else lo
-        part = terms[lo:hi]
-        vocab = dict(zip(dict.fromkeys(part), itertools.count()))
-        vocabs.append(vocab)
-        ids.extend(map(vocab.__getitem__, part))
-        spans.append(hi - lo)
-        vocab_base.append(vocab_base[-1] + len(vocab))
-        note_base.append(last)
+    tid, note, names = _note_terms(everything)
+    # each memory's terms numbered in order of first appearance (what a per-note Counter
+    # would give): the (memory, term) pairs in order of their first token, memory after
+    # memory (the notes are), are the columns of the block-diagonal matrix
+    size_arr = np.asarray(sizes, dtype=np.int64)
+    memory_of_note = np.repeat(np.arange(len(sizes), dtype=np.int64), size_arr)
+    g = max(len(names), 1)
+    pair, first, column = np.unique(
+        memory_of_note[note] * g + tid, return_index=True, return_inverse=True
+    )
+    order = np.argsort(first)
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order), dtype=np.int64)
+    column = rank[column.reshape(-1)]
+    vocab_sizes = np.bincount(pair // g, minlength=len(sizes))
+    vocab_base = [0, *np.cumsum(vocab_sizes).tolist()]
+    note_base = [0, *np.cumsum(size_arr).tolist()]
+    term_names = list(map(names.__getitem__, (pair[order] % g).tolist()))
+    vocabs = [
+        dict(zip(term_names[vocab_base[k] : vocab_base[k + 1]], itertools.count()))
+        for k in range(len(sizes))
+    ]
     v_total = vocab_base[-1]
     v = max(v_total, 1)
-    per_note = torch.tensor(ends, dtype=torch.int64).diff(prepend=torch.zeros(1, dtype=torch.int64))
-    keys = torch.repeat_interleave(torch.arange(n, dtype=torch.int64), per_note[:n]) * v
-    keys += torch.tensor(ids, dtype=torch.int64)
-    if len(sizes) > 1:  # the columns of memory k follow those of memories 0..k-1
-        keys += torch.repeat_interleave(
-            torch.tensor(vocab_base[:-1], dtype=torch.int64), torch.tensor(spans, dtype=torch.int64)
-        )
-    uniq, counts = torch.unique(keys, sorted=True, return_counts=True)
+    cells, counts = np.unique(note * v + column, return_counts=True)
+    cells_t = torch.from_numpy(cells)
     tf = torch.sparse_coo_tensor(
-        torch.stack([uniq // v, uniq % v]),
-        counts.to(torch.float64),
+        torch.stack([cells_t // v, cells_t % v]),
+        torch.from_numpy(counts).to(torch.float64),
         (n, v_total),
         is_coalesced=True,
         check_invariants=False,
@@ -336,8 +433,8 @@ def build_text_indexes(
     weights = bm25_note_weights(tf, segment=segment)
     if len(sizes) == 1:
         weights = weights.to(device)
-        return [TextIndex(vocabs[0], weights, bm25_term_major(weights))]
-    term_major = bm25_term_major(weights)
+        return [TextIndex(vocabs[0], weights, _term_major(weights))]
+    term_major = _term_major(weights)
     # the blocks: entries of memory k lie between its first note's (term's) and the next's
     w_index, w_values = weights.indices(), weights.values()
     t_index, t_values = term_major.indices(), term_major.values()
@@ -358,6 +455,21 @@ def build_text_indexes(
         ).to(device)  # fmt: skip
         out.append(TextIndex(vocab, own, own_t))
     return out
+
+
+def _term_major(weights: Tensor) -> Tensor:
+    """:func:`~soulmem_torch.functional.fusion.bm25_term_major` of coalesced weights (the same
+    tensor): the entries put in (term, note) order by one sort of their distinct keys."""
+    rows, cols = weights.indices()
+    n, v = weights.shape
+    order = torch.argsort(cols * max(n, 1) + rows)
+    return torch.sparse_coo_tensor(
+        torch.stack([cols[order], rows[order]]),
+        weights.values()[order],
+        (v, n),
+        is_coalesced=True,
+        check_invariants=False,
+    )
 
 
 def _notes_of(memory: MemorySource) -> list[Any] | None:

@@ -112,6 +112,28 @@ def test_longmemeval_reader_errors(tmp_path) -> None:
         read_longmemeval(bad)
 
 
+def test_longmemeval_turns_are_checked_as_chat_turns(tmp_path) -> None:
+    data = json.loads(longmemeval_file(tmp_path / "lme.json").read_text())
+    qs = read_longmemeval(longmemeval_file(tmp_path / "lme.json"))
+    for q in qs:  # the reader's turns are the turns the constructor makes
+        for s in q.sessions:
+            for t in s.turns:
+                assert t == ChatTurn(t.speaker, t.role, t.text, None, t.id, None, t.has_answer)
+    for field, value, message in [
+        ("role", "", "speaker: expected a non-empty string"),
+        ("role", 3, "expected str, found int"),
+        ("content", "broken \ud83d emoji", "text: expected text that can be written as UTF-8"),
+    ]:
+        broken = json.loads(json.dumps(data))
+        broken[0]["haystack_sessions"][1][2][field] = value
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(broken))
+        with pytest.raises(ValidationError, match=r"haystack_sessions\[1\]\[2\]"):
+            read_longmemeval(bad)
+        with pytest.raises(ValidationError, match=message):
+            read_longmemeval(bad)
+
+
 def test_locomo_reader(tmp_path) -> None:
     (sample,) = read_locomo(locomo_file(tmp_path / "locomo.json"))
     assert sample.sample_id == "conv-x" and sample.speakers == ("Caroline", "Melanie")

@@ -120,6 +120,47 @@ def test_chunk_text() -> None:
         chunk_text("a", 0)
 
 
+def _reference_chunks(text: str, max_chars: int) -> list[str]:
+    """The chunking rule level by level, every level tried (no level skipped)."""
+    from soulmem_torch.embedding.embedder import _LEVELS
+
+    def split(t: str, level: int) -> list[str]:
+        if len(t) <= max_chars:
+            return [t]
+        if level >= len(_LEVELS):
+            return [t[i : i + max_chars] for i in range(0, len(t), max_chars)]
+        pieces = list(filter(None, _LEVELS[level](t)))
+        if len(pieces) <= 1:
+            return split(t, level + 1)
+        return [q for p in pieces for q in (split(p, level + 1) if len(p) > max_chars else [p])]
+
+    stripped = text.strip()
+    if not stripped:
+        return []
+    chunks, current = [], ""
+    for piece in split(stripped, 0):
+        if len(current) + len(piece) <= max_chars:
+            current += piece
+            continue
+        if current.strip():
+            chunks.append(current.strip())
+        current = piece
+    if current.strip():
+        chunks.append(current.strip())
+    return chunks
+
+
+def test_chunk_text_equals_the_level_by_level_rule() -> None:
+    import random
+
+    rng = random.Random(3)
+    parts = ["word", "Word.", "x" * 70, "\n", "\n\n", " ", "，", "。", "a, b", "end!", "3.14"]
+    for _ in range(300):
+        text = "".join(rng.choice(parts) + rng.choice(["", " "]) for _ in range(rng.randint(0, 80)))
+        for limit in (7, 40, 200):
+            assert chunk_text(text, limit) == _reference_chunks(text, limit), (text, limit)
+
+
 def test_sentence_transformers_adapter() -> None:
     try:
         import sentence_transformers  # noqa: F401

@@ -284,6 +284,28 @@ def test_batched_path_is_bit_identical_to_the_reference(kwargs: dict) -> None:
     assert emb([]).shape == (0, emb.dim)
 
 
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"dim": 3}, {"dim": 97, "link_weight": 0.0, "baseline": 0.0}]
+)
+def test_cells_are_the_non_zero_values_of_the_rows(kwargs: dict) -> None:
+    emb = HashingEmbedder(**kwargs)
+    texts = FAST_TEXTS[::-1] + FAST_TEXTS[:30]  # repeated texts too
+    ptr, cols, vals, base = emb.cells(texts)
+    assert ptr.shape == (len(texts) + 1,) and ptr[0] == 0 and vals.dtype == np.float32
+    dense = np.zeros((len(texts), emb.dim), dtype=np.float32)
+    for i in range(len(texts)):
+        row = cols[ptr[i] : ptr[i + 1]]
+        assert (np.diff(row) > 0).all() and (row < emb.dim - 1).all()
+        dense[i, row] = vals[ptr[i] : ptr[i + 1]]
+    dense[:, -1] = base
+    assert np.array_equal(dense, emb(texts).numpy())
+    assert np.array_equal(dense, reference_embed(emb, texts).numpy())
+    empty = emb.cells([])
+    assert [len(a) for a in empty] == [1, 0, 0, 0]
+    with pytest.raises(ValidationError, match="one str"):
+        emb.cells("text")
+
+
 def test_fitted_idf_matches_the_reference() -> None:
     corpus = FAST_TEXTS[:150] + FAST_TEXTS[:20]  # repeats count once per text
     idf, default = reference_idf(corpus)

@@ -125,6 +125,46 @@ def test_embed_notes_matches_reference(seed: int) -> None:
     assert len(flat) == len(set(flat)) and all(len(c) <= 4 for c in e.calls)
 
 
+class _Dense:
+    """The same embedder behind a plain callable: the plan's dense path."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.dim = inner, inner.dim
+
+    def __call__(self, texts):
+        return self.inner(texts)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_hashing_embedders_cells_path_is_the_dense_path_bit_for_bit(seed: int) -> None:
+    from soulmem_torch.embedding import HashingEmbedder
+
+    rng = np.random.default_rng(seed)
+    notes = [random_note(rng) for _ in range(80)]
+    emb = HashingEmbedder(dim=64)
+    for got, want in zip(embed_notes(notes, emb), embed_notes(notes, _Dense(emb))):
+        assert torch.equal(got.tag, want.tag)
+        assert got.fields.keys() == want.fields.keys()
+        for name in got.fields:
+            assert torch.equal(got.fields[name], want.fields[name]), name
+    texts = [chunk_text("a long text " * 40, 50)[0], "", "守护穗织", "the"] * 3
+    assert torch.equal(embed_texts(texts, emb), embed_texts(texts, _Dense(emb)))
+    assert embed_texts([], emb).shape == (0, 64)
+    with pytest.raises(ValidationError, match="batch_size"):
+        embed_notes(notes, emb, batch_size=0)
+
+
+def test_the_cells_path_leaves_a_non_finite_vector_to_the_dense_check() -> None:
+    from soulmem_torch.embedding import HashingEmbedder
+
+    emb = HashingEmbedder(dim=16, idf={"wcat": float("nan")})
+    note = MemoryNote.build(
+        SemMemory(content="cat", aliases=[], concept_type="Entity", description="")
+    )
+    with pytest.raises(ValidationError, match="NaN or inf"):
+        embed_notes([note], emb)
+
+
 def test_field_sets_per_kind() -> None:
     rng = np.random.default_rng(5)
     notes = [random_note(rng) for _ in range(80)]

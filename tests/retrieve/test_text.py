@@ -101,3 +101,23 @@ def test_the_index_equals_per_string_terms_bit_for_bit() -> None:
         assert torch.equal(got.weights.values(), weights.values())
         assert torch.equal(got.term_major.indices(), term_major.indices())
         assert torch.equal(got.term_major.values(), term_major.values())
+
+
+def test_the_index_is_the_same_read_a_few_texts_per_pass(monkeypatch) -> None:
+    from soulmem_torch.model import MemoryNote, SemMemory
+    from soulmem_torch.retrieve import text
+
+    notes = _notes()[:30] + [
+        MemoryNote.build(SemMemory(content=c, aliases=[], concept_type="Entity", description=d))
+        for c, d in [
+            ("北京 Peking", "烤鸭 twice"),
+            ("plain words", "more words"),
+            ("ＦＵＬＬ", "ﬁ"),
+        ]
+    ]
+    memories = [notes, notes[5:], notes[::-1]]  # shared texts, both kinds interleaved
+    cpu = torch.device("cpu")
+    want = build_text_indexes(memories, device=cpu)
+    monkeypatch.setattr(text, "_TEXTS_PER_PASS", 2)
+    for a, b in zip(build_text_indexes(memories, device=cpu), want):
+        _same_index(a, b)
