@@ -243,28 +243,20 @@ def _cat_tables(
 ) -> Any:
     """The tables ``parts`` (dense tensors or ``SparseRows``; with ``counts``, only the first
     ``counts[i]`` rows of each: their trailing zero rows dropped) one after another, plus one
-    zero row when ``zero_row``. All dense → dense; all sparse → sparse; mixed (agents of
-    different embedders) → by :func:`~soulmem_torch.functional.sparse_rows.maybe_sparse` of
-    the whole."""
-    from soulmem_torch.functional.sparse_rows import SparseRows, maybe_sparse
+    zero row when ``zero_row``, in the layout the whole asks for
+    (:func:`~soulmem_torch.functional.sparse_rows.join_tables`)."""
+    from soulmem_torch.functional.sparse_rows import SparseRows, join_tables
 
     if counts is not None:
         parts = [x.narrow(0, c) if isinstance(x, SparseRows) else x[:c]
                  for x, c in zip(parts, counts)]  # fmt: skip
-    sparse = [isinstance(x, SparseRows) for x in parts]
-    if parts and all(sparse):
-        out = SparseRows.cat(parts).to(device)
-        return out.with_zero_row() if zero_row else out
-    dense = [x.to_dense() if isinstance(x, SparseRows) else x for x in parts]
-    p = sum(int(x.shape[0]) for x in dense)
-    out = torch.zeros(p + int(zero_row), d, dtype=torch.float32, device=device)
-    if p:
-        torch.cat([x.to(device) for x in dense], out=out[:p])
-    if any(sparse):
-        table = maybe_sparse(out[:p])
-        if isinstance(table, SparseRows):
-            return table.with_zero_row() if zero_row else table
-    return out
+    table = join_tables([x.to(device) for x in parts], d)
+    if isinstance(table, SparseRows):
+        return table.with_zero_row() if zero_row else table
+    table = table.to(device, torch.float32)
+    if zero_row:
+        return torch.cat([table, table.new_zeros(1, d)])
+    return table
 
 
 def _slice_note_side(notes: Any, n0: int, n1: int, r0: int, r1: int) -> Any:
@@ -676,7 +668,12 @@ def grouped_is_cheaper(union: UnionSnapshot, num_queries: int, num_agents: int, 
     """Whether scoring per agent group beats the gathered candidate rows for this batch."""
     if union.notes is None:
         return False
-    d = int(union.notes.rows.shape[1])
+    from soulmem_torch.functional.sparse_rows import SparseRows
+
+    rows = union.notes.rows
+    d = int(rows.shape[1])
+    if isinstance(rows, SparseRows):  # a gathered row costs its cells (~25 ns each)
+        d = 50 * max(rows.nnz, 1) // max(len(rows), 1)
     return num_agents * _GROUP_SECONDS < num_queries * m * 2 * d * _GATHER_SECONDS_PER_FLOAT
 
 

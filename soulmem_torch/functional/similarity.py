@@ -69,6 +69,7 @@ from soulmem_torch.errors import ValidationError
 from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SEMANTIC, NODE_SPECIFIC
 from soulmem_torch.functional.sparse_rows import (
     SPARSE_MAX_DENSITY,
+    SPARSE_MIN_CELLS,
     SparseRows,
     sparse_row_dots,
     sparse_rows_matmul,
@@ -252,12 +253,13 @@ def _normalized_table(
     x: Tensor, device: torch.device, *, zero_row: bool, keep: Tensor | None = None
 ) -> Tensor | SparseRows:
     """``normalize_rows(x)`` (rows where ``keep`` is False zeroed), plus one zero row when
-    ``zero_row``: a :class:`SparseRows` when at most ``SPARSE_MAX_DENSITY`` of ``x``'s cells
-    are non-zero (normalized a block of rows at a time: no dense copy is ever whole), else a
+    ``zero_row``: a :class:`SparseRows` when ``x`` has at least ``SPARSE_MIN_CELLS`` cells and at
+    most ``SPARSE_MAX_DENSITY`` of them are non-zero (normalized a block of rows at a time: no dense copy is ever whole), else a
     dense tensor. The values are ``normalize_rows``'s either way."""
     x = x.to(device, torch.float32)
     p, d = int(x.shape[0]), int(x.shape[1])
-    if p and d and int(torch.count_nonzero(x)) <= SPARSE_MAX_DENSITY * p * d:
+    big = p * d >= SPARSE_MIN_CELLS
+    if big and int(torch.count_nonzero(x)) <= SPARSE_MAX_DENSITY * p * d:
         step = max(1, (1 << 22) // d)
         parts = []
         for lo in range(0, p, step):

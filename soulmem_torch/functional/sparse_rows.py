@@ -29,6 +29,7 @@ from soulmem_torch.errors import ValidationError
 
 __all__ = [
     "SPARSE_MAX_DENSITY",
+    "SPARSE_MIN_CELLS",
     "SparseRows",
     "maybe_sparse",
     "sparse_row_dots",
@@ -38,6 +39,10 @@ __all__ = [
 SPARSE_MAX_DENSITY = 0.25
 """A table is held sparse when at most this share of its cells is non-zero (a sparse cell
 costs 8 bytes, a dense one 4: ≥ 2x smaller at this density)."""
+
+SPARSE_MIN_CELLS = 1 << 20
+"""Tables of fewer cells (at ``D = 1024``: fewer than 1,024 rows, ≤ 4 MiB dense) stay dense:
+their memory is small, and the dense kernels have less fixed cost per call."""
 
 _CHUNK_CELLS = 1 << 22
 """Dense cells converted at a time by :meth:`SparseRows.from_dense` (bounds the transient)."""
@@ -207,15 +212,36 @@ def _index_dtype(width_or_cells: int) -> torch.dtype:
     return torch.int32 if width_or_cells < 2**31 else torch.int64
 
 
-def maybe_sparse(x: Tensor, *, max_density: float = SPARSE_MAX_DENSITY) -> Tensor | SparseRows:
-    """``x`` (P, D) as :class:`SparseRows` when at most ``max_density`` of its cells are
-    non-zero, else ``x`` itself (an empty table stays dense)."""
-    if x.dim() != 2 or x.numel() == 0:
+def maybe_sparse(
+    x: Tensor,
+    *,
+    max_density: float = SPARSE_MAX_DENSITY,
+    min_cells: int = SPARSE_MIN_CELLS,
+) -> Tensor | SparseRows:
+    """``x`` (P, D) as :class:`SparseRows` when it has at least ``min_cells`` cells and at
+    most ``max_density`` of them are non-zero, else ``x`` itself."""
+    if x.dim() != 2 or x.numel() == 0 or x.numel() < min_cells:
         return x
     nnz = int(torch.count_nonzero(x))
     if nnz > max_density * x.numel():
         return x
     return SparseRows.from_dense(x)
+
+
+def join_tables(parts: Sequence[Tensor | SparseRows], width: int) -> Tensor | SparseRows:
+    """The rows of ``parts`` (dense tensors and / or :class:`SparseRows`, one device) one after
+    another, in the layout the whole asks for (:func:`maybe_sparse`'s rule): sparse parts are
+    never made dense when the whole is sparse, dense parts converted one at a time."""
+    cells = sum(int(x.shape[0]) for x in parts) * width
+    nnz = sum(x.nnz if isinstance(x, SparseRows) else int(torch.count_nonzero(x)) for x in parts)
+    if parts and cells >= SPARSE_MIN_CELLS and nnz <= SPARSE_MAX_DENSITY * cells:
+        return SparseRows.cat(
+            [x if isinstance(x, SparseRows) else SparseRows.from_dense(x) for x in parts]
+        )
+    dense = [x.to_dense() if isinstance(x, SparseRows) else x for x in parts]
+    if not dense:
+        return torch.zeros(0, width)
+    return torch.cat(dense)
 
 
 def _cells(table: SparseRows, rows: Tensor) -> tuple[Tensor, Tensor, int]:

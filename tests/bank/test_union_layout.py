@@ -99,8 +99,17 @@ def test_bank_memory_is_bounded_by_the_compact_layout() -> None:
 
 
 @pytest.mark.parametrize("dim", [DIM, 1024])
-def test_union_rows_are_the_snapshots_note_sides_and_carried_across_splices(dim: int) -> None:
-    """Either layout: at width 1024 the hashed vectors are sparse (``SparseRows``)."""
+def test_union_rows_are_the_snapshots_note_sides_and_carried_across_splices(
+    dim: int, monkeypatch
+) -> None:
+    """Either layout: at width 1024 the hashed vectors are sparse (``SparseRows``; small
+    tables allowed sparse here)."""
+    import soulmem_torch.functional.similarity as fsim
+    import soulmem_torch.functional.sparse_rows as sr
+
+    if dim == 1024:
+        monkeypatch.setattr(fsim, "SPARSE_MIN_CELLS", 0)
+        monkeypatch.setattr(sr, "SPARSE_MIN_CELLS", 0)
     bank = _bank([list(range(0, 30)), list(range(30, 60))], dim=dim)
     if dim == 1024:
         assert isinstance(bank.union().notes.rows, SparseRows)

@@ -16,6 +16,7 @@ from soulmem_torch.functional.similarity import (
 )
 from soulmem_torch.functional.sparse_rows import (
     SparseRows,
+    join_tables,
     maybe_sparse,
     sparse_row_dots,
     sparse_rows_matmul,
@@ -126,18 +127,34 @@ def test_bad_inputs_raise_clear_errors() -> None:
         SparseRows.cat([s, SparseRows.from_dense(torch.eye(4))])
 
 
-def test_maybe_sparse_picks_the_layout_by_density() -> None:
+def test_maybe_sparse_picks_the_layout_by_density_and_size() -> None:
     sparse = _sparse_table(50, 64, 4)
-    assert isinstance(maybe_sparse(sparse), SparseRows)
+    assert isinstance(maybe_sparse(sparse, min_cells=0), SparseRows)
+    assert maybe_sparse(sparse) is sparse  # 3,200 cells: small tables stay dense
+    assert isinstance(maybe_sparse(_sparse_table(1024, 1024, 4)), SparseRows)
     dense = torch.randn(50, 64)
-    assert maybe_sparse(dense) is dense
+    assert maybe_sparse(dense, min_cells=0) is dense
     assert maybe_sparse(torch.zeros(0, 64)).shape == (0, 64)
 
 
+def test_join_tables_keeps_sparse_parts_sparse() -> None:
+    a, b = _sparse_table(600, 1024, 6, seed=1), _sparse_table(600, 1024, 6, seed=2)
+    joined = join_tables([SparseRows.from_dense(a), b], 1024)  # mixed parts, sparse whole
+    assert isinstance(joined, SparseRows) and torch.equal(joined.to_dense(), torch.cat([a, b]))
+    small = join_tables([SparseRows.from_dense(a[:5]), b[:5]], 1024)  # small whole: dense
+    assert isinstance(small, torch.Tensor) and torch.equal(small, torch.cat([a[:5], b[:5]]))
+    dense = torch.randn(1100, 1024)
+    assert torch.equal(join_tables([dense[:600], SparseRows.from_dense(dense[600:])], 1024), dense)
+    assert join_tables([], 8).shape == (0, 8)
+
+
 @pytest.mark.parametrize("dense_vectors", [False, True])
-def test_note_side_sparse_when_the_vectors_are(dense_vectors: bool) -> None:
+def test_note_side_sparse_when_the_vectors_are(dense_vectors: bool, monkeypatch) -> None:
     """Hashed-like (sparse) vectors → SparseRows tables with normalize_rows's values, absent
-    tags zeroed; dense vectors → dense tables, as before."""
+    tags zeroed; dense vectors → dense tables, as before (small tables allowed sparse here)."""
+    import soulmem_torch.functional.similarity as fsim
+
+    monkeypatch.setattr(fsim, "SPARSE_MIN_CELLS", 0)
     n, d = 30, 256
     tag = torch.randn(n, d) if dense_vectors else _sparse_table(n, d, 8, seed=5)
     rows = torch.randn(12, d) if dense_vectors else _sparse_table(12, d, 8, seed=6)
