@@ -677,12 +677,21 @@ def grouped_is_cheaper(union: UnionSnapshot, num_queries: int, num_agents: int, 
     return num_agents * _GROUP_SECONDS < num_queries * m * 2 * d * _GATHER_SECONDS_PER_FLOAT
 
 
-def _agent_notes(union: UnionSnapshot, lo: int, hi: int) -> Any:
-    """Notes ``lo:hi`` (one agent) of the union note side, as a note side of their own: views
-    of the union's tensors (``index`` still points at union rows), no copy."""
+def _agent_notes(union: UnionSnapshot, p: int, lo: int, hi: int) -> Any:
+    """Notes ``lo:hi`` (agent ``p``) of the union note side, as a note side of their own:
+    views of the union's dense tensors (``index`` still points at union rows), no copy; from
+    a sparse note side, the agent's own rows and tags made dense (a few hundred rows: the
+    dense kernels' fixed cost per call is lower than the sparse ones')."""
     from soulmem_torch.functional.similarity import NoteSide
+    from soulmem_torch.functional.sparse_rows import SparseRows
 
     notes = union.notes
+    if isinstance(notes.rows, SparseRows) or isinstance(notes.tag, SparseRows):
+        r0, r1 = (int(x) for x in union.row_ptr[p : p + 2])
+        own = _slice_note_side(notes, lo, hi, r0, r1)
+        rows = own.rows.to_dense() if isinstance(own.rows, SparseRows) else own.rows
+        tag = own.tag.to_dense() if isinstance(own.tag, SparseRows) else own.tag
+        return own._replace(rows=rows, tag=tag)
     return NoteSide(
         notes.rows, notes.index[lo:hi], notes.mask[lo:hi], _table_rows(notes.tag, lo, hi),
         notes.no_tag[lo:hi], notes.has_emb[lo:hi],
@@ -721,7 +730,7 @@ def grouped_structured_similarity(
         sub = q.select(r)
         out[r, : hi - lo] = fused_similarity_compact(
             sub.tag, sub.kind, sub.field, sub.field_mask, sub.unit_mask,
-            _agent_notes(union, lo, hi), union.node_type[lo:hi],
+            _agent_notes(union, p, lo, hi), union.node_type[lo:hi],
             string_scores=None if string is None else string[r, : hi - lo],
             weights=weights,
         )  # fmt: skip
