@@ -19,6 +19,7 @@ columns, in column order, on any device):
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Sequence
 
@@ -105,7 +106,6 @@ class SparseRows:
         if any(x.width != width for x in parts):
             raise ValidationError(f"parts: expected tables of width {width}")
         sizes = [int(x.crow[-1]) - int(x.crow[0]) for x in parts]
-        total = sum(sizes)
         index_dtype = _index_dtype(width)
         device = parts[0].val.device
         crows = [torch.zeros(1, dtype=torch.int64, device=device)]
@@ -180,7 +180,7 @@ class SparseRows:
 
     def select(self, index: Tensor) -> SparseRows:
         """Rows ``index`` (any order, repeats allowed): a compact copy of their cells."""
-        pos, lengths, total = _cells(self, index.reshape(-1).to(torch.int64))
+        pos, lengths, _ = _cells(self, index.reshape(-1).to(torch.int64))
         crow = lengths.new_zeros(int(lengths.shape[0]) + 1)
         torch.cumsum(lengths, 0, out=crow[1:])
         return SparseRows(crow, self.col[pos], self.val[pos], self.width)
@@ -274,8 +274,7 @@ def _runs(start: Tensor, lengths: Tensor, total: int) -> Tensor:
 def _check_table(a: Tensor, table: SparseRows) -> None:
     if a.dim() != 2 or int(a.shape[1]) != table.width:
         raise ValidationError(
-            f"a: expected shape (R, {table.width}) (the width of the table), found "
-            f"{tuple(a.shape)}"
+            f"a: expected shape (R, {table.width}) (the width of the table), found {tuple(a.shape)}"
         )
 
 
@@ -305,7 +304,7 @@ def sparse_row_dots(a: Tensor, table: SparseRows, cols: Tensor) -> Tensor:
     bounds = _steps(per_query, _PAIR_CELLS)
     flat_a = a.reshape(-1)
     val = table.val if table.val.dtype == a.dtype else table.val.to(a.dtype)
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         seg = lengths[lo * k : hi * k]
         total = int(per_query[lo:hi].sum())
         if total == 0:
@@ -332,9 +331,9 @@ def _steps(per_row: Tensor, budget: int) -> list[int]:
     r = int(per_row.shape[0])
     if int(per_row.sum()) <= budget:
         return [0, r]
-    bounds, base = [0], 0
+    bounds, base, prev = [0], 0, 0
     for i, c in enumerate(torch.cumsum(per_row, 0).tolist()):
-        if c - base > budget and i > bounds[-1]:
+        if c - base > budget and i > bounds[-1]:  # row i starts a new step
             bounds.append(i)
             base = prev
         prev = c

@@ -89,7 +89,9 @@ def test_bank_memory_is_bounded_by_the_compact_layout() -> None:
     # cells (8 bytes) and row offsets
     normalized = 0
     for table, rows in ((union.notes.rows, p + 1), (union.notes.tag, n)):
-        normalized += table.nnz * 8 + (rows + 1) * 8 if isinstance(table, SparseRows) else rows * DIM * 4
+        normalized += (
+            table.nnz * 8 + (rows + 1) * 8 if isinstance(table, SparseRows) else rows * DIM * 4
+        )
     vectors = (n + p + 1) * DIM * 4 + normalized
     per_note = n * (F * (8 + 1 + 4) + 256)  # field indices, masks, node tensors, caches
     per_link = e * 256  # edge tensors, weights, both transition operators, BM25 postings

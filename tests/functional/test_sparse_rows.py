@@ -53,7 +53,9 @@ def test_round_trip_select_narrow_cat(dtype) -> None:
     assert zero.shape == (41, 64) and torch.equal(zero.to_dense()[-1], torch.zeros(64, dtype=dtype))
     assert torch.equal(s.narrow(4, 30).csr().to_dense(), x[4:30])
     assert s.to(dtype=torch.float64).dtype == torch.float64
-    assert s.nbytes() == s.crow.numel() * 8 + s.col.numel() * 4 + s.val.numel() * s.val.element_size()
+    assert (
+        s.nbytes() == s.crow.numel() * 8 + s.col.numel() * 4 + s.val.numel() * s.val.element_size()
+    )
 
 
 def test_empty_and_all_zero_tables() -> None:
