@@ -259,16 +259,21 @@ def _cells(table: SparseRows, rows: Tensor) -> tuple[Tensor, Tensor, int]:
 
 
 def _runs(start: Tensor, lengths: Tensor, total: int) -> Tensor:
-    """``cat([arange(s, s + n) for s, n in zip(start, lengths)])`` (``total = sum(lengths)``)."""
-    keep = lengths > 0
-    if not bool(keep.all()):
-        start, lengths = start[keep], lengths[keep]
+    """``cat([arange(s, s + n) for s, n in zip(start, lengths)])`` (``total = sum(lengths)``):
+    ``arange(total)`` plus a per-run offset, the running sum of each run's jump added at its
+    first cell (empty runs' jumps telescope into the next run's; no filtering, no host sync)."""
     ends = torch.cumsum(lengths, 0)
-    step = torch.ones(total, dtype=torch.int64, device=start.device)
     jump = start.clone()
-    jump[1:] -= start[:-1] + lengths[:-1] - 1
-    step.index_copy_(0, ends - lengths, jump)
-    return torch.cumsum(step, 0, out=step)
+    jump[1:] -= start[:-1] + lengths[:-1]
+    return _offsets(ends - lengths, jump, total) + torch.arange(total, device=start.device)
+
+
+def _offsets(first: Tensor, jump: Tensor, total: int) -> Tensor:
+    """``(total,)`` int64: the running sum of ``jump[i]`` placed at cell ``first[i]`` (runs
+    starting at ``total``, i.e. empty trailing ones, fall off the end)."""
+    out = torch.zeros(total + 1, dtype=torch.int64, device=jump.device)
+    out.index_add_(0, first, jump)
+    return torch.cumsum(out[:total], 0)
 
 
 def _check_table(a: Tensor, table: SparseRows) -> None:
@@ -310,14 +315,12 @@ def sparse_row_dots(a: Tensor, table: SparseRows, cols: Tensor) -> Tensor:
         if total == 0:
             continue
         pos = _runs(start[lo * k : hi * k], seg, total)
-        # the offset of each cell's query row in ``flat_a``: one running sum of jumps
+        # the offset of each cell's query row in ``flat_a``: one running sum of jumps (``d``
+        # at each query's first cell, ``lo · d`` for the first)
         counts = per_query[lo:hi]
-        keep = (counts > 0).nonzero().squeeze(1)
-        owner = torch.zeros(total, dtype=torch.int64, device=a.device)
-        jumps = (keep + lo) * d
-        jumps[1:] -= (keep[:-1] + lo) * d
-        owner.index_copy_(0, torch.cumsum(counts, 0).index_select(0, keep) - counts[keep], jumps)
-        torch.cumsum(owner, 0, out=owner)
+        jumps = torch.full_like(counts, d)
+        jumps[0] = lo * d
+        owner = _offsets(torch.cumsum(counts, 0) - counts, jumps, total)
         owner += table.col.index_select(0, pos)
         prod = flat_a.index_select(0, owner)
         prod *= val.index_select(0, pos)
