@@ -511,7 +511,8 @@ class NoteSide(NamedTuple):
     ``rows`` and ``tag`` are each a dense tensor or, when their vectors are sparse (a
     ``HashingEmbedder``'s: ≤ 25% non-zero cells), a
     :class:`~soulmem_torch.functional.sparse_rows.SparseRows` of the same values (DECISION
-    "sparse note side", docs/spec.md §3): ``row_dots`` / ``rows_matmul`` read either.
+    "sparse note side", docs/spec.md §3): ``row_dots`` / ``rows_matmul`` read either; sums
+    over the non-zero cells differ from the dense sums in the last float32 bits (~1e-8).
     """
 
     rows: Tensor | SparseRows  # (P + 1, D) f32: normalized distinct field rows, then a zero row
