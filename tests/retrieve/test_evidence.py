@@ -87,5 +87,7 @@ def test_note_terms_read_off_the_text_index_are_each_notes_own_terms() -> None:
     assert text_index(graph, fresh.working_memory) is not None
     own = _terms_of_index(fresh.cluster)
     for mid in graph.ids:  # made on first use, each note's own
-        assert own.get(mid) == frozenset(_terms(fresh, mid)), mid
+        terms = own.get(mid)
+        assert len(set(terms)) == len(terms), mid  # distinct
+        assert frozenset(terms) == frozenset(_terms(fresh, mid)), mid
     assert own.get(object()) is None  # not a note of the snapshot
