@@ -93,6 +93,8 @@ def _tensor_bytes(values: Any) -> int:
             if value.data_ptr() not in seen:
                 seen.add(value.data_ptr())
                 total += value.untyped_storage().nbytes()
+        elif hasattr(value, "crow") and hasattr(value, "val"):  # a SparseRows table
+            stack.extend([value.crow, value.col, value.val])
         elif isinstance(value, (tuple, list)):
             stack.extend(value)
         elif hasattr(value, "__dataclass_fields__"):
@@ -222,6 +224,8 @@ def _live_bytes(bank: Any) -> dict[str, int]:
                 if storage.data_ptr() not in seen:
                     seen.add(storage.data_ptr())
                     total += storage.nbytes()
+            elif hasattr(value, "crow") and hasattr(value, "val"):  # a SparseRows table
+                stack.extend([value.crow, value.col, value.val])
             elif isinstance(value, (tuple, list)):
                 stack.extend(value)
             elif isinstance(value, dict):

@@ -83,9 +83,10 @@ LONGMEMEVAL = ROOT.parent / "shared" / "longmemeval" / "longmemeval_s_dev.json"
 NOTE_BANKS = {"sample": 200, "longmemeval": 25}
 """Agents per bank: 200 agents of 50–75 notes of the bundled sample memory (~12.5k notes);
 the first 25 LongMemEval dev haystacks at turn level (~7k user-turn notes)."""
-KIB_PER_NOTE_BOUND = {"sample": 96.0, "longmemeval": 64.0}
-"""Regression bounds on the resident KiB per note after the first ask (measured 2026-12-01:
-~64 and ~40; the dense layout took ~172 and ~225)."""
+KIB_PER_NOTE_BOUND = {"sample": 48.0, "longmemeval": 28.0}
+"""Regression bounds on the resident KiB per note after the first ask (measured 2026-12-02
+with the sparse note side: ~37 and ~19; the dense normalized copy took ~55 and ~25, the dense
+layout ~172 and ~225)."""
 
 
 def note_probe(bank: str, agents: int) -> dict:

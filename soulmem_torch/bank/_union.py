@@ -219,16 +219,14 @@ def _join_note_sides(parts: list[Any], d: int, device: torch.device) -> tuple[An
     for c in counts:
         starts.append(starts[-1] + c)
     p = starts[-1]
-    rows = torch.zeros(p + 1, d, dtype=torch.float32, device=device)
-    if p:
-        torch.cat([x.rows[:-1] for x in parts], out=rows[:p])
+    rows = _cat_tables([x.rows for x in parts], counts, d, device, zero_row=True)
     f = len(FIELD_NAMES)
     if parts:
         sizes = torch.tensor([int(x.index.shape[0]) for x in parts], dtype=_I64, device=device)
         shift = torch.repeat_interleave(torch.tensor(starts[:-1], dtype=_I64, device=device), sizes)
         mask = torch.cat([x.mask for x in parts])
         index = torch.where(mask, torch.cat([x.index for x in parts]) + shift.unsqueeze(1), p)
-        tag = torch.cat([x.tag for x in parts])
+        tag = _cat_tables([x.tag for x in parts], None, d, device, zero_row=False)
         no_tag = torch.cat([x.no_tag for x in parts])
         has_emb = torch.cat([x.has_emb for x in parts])
     else:
@@ -240,16 +238,48 @@ def _join_note_sides(parts: list[Any], d: int, device: torch.device) -> tuple[An
     return notes, torch.tensor(starts, dtype=_I64, device=device)
 
 
+def _cat_tables(
+    parts: list[Any], counts: list[int] | None, d: int, device: torch.device, *, zero_row: bool
+) -> Any:
+    """The tables ``parts`` (dense tensors or ``SparseRows``; with ``counts``, only the first
+    ``counts[i]`` rows of each: their trailing zero rows dropped) one after another, plus one
+    zero row when ``zero_row``, in the layout the whole asks for
+    (:func:`~soulmem_torch.functional.sparse_rows.join_tables`)."""
+    from soulmem_torch.functional.sparse_rows import SparseRows, join_tables
+
+    if counts is not None:
+        parts = [x.narrow(0, c) if isinstance(x, SparseRows) else x[:c]
+                 for x, c in zip(parts, counts)]  # fmt: skip
+    table = join_tables([x.to(device) for x in parts], d)
+    if isinstance(table, SparseRows):
+        return table.with_zero_row() if zero_row else table
+    table = table.to(device, torch.float32)
+    if zero_row:
+        return torch.cat([table, table.new_zeros(1, d)])
+    return table
+
+
 def _slice_note_side(notes: Any, n0: int, n1: int, r0: int, r1: int) -> Any:
     """Notes ``n0:n1`` of a union note side whose rows are ``r0:r1``, as a note side of their
     own (index local to the slice, a zero row appended): views, except the appended row."""
     from soulmem_torch.functional.similarity import NoteSide
+    from soulmem_torch.functional.sparse_rows import SparseRows
 
-    rows = torch.cat([notes.rows[r0:r1], notes.rows.new_zeros(1, notes.rows.shape[1])])
+    if isinstance(notes.rows, SparseRows):
+        rows = notes.rows.narrow(r0, r1).with_zero_row()
+    else:
+        rows = torch.cat([notes.rows[r0:r1], notes.rows.new_zeros(1, notes.rows.shape[1])])
     mask = notes.mask[n0:n1]
     index = torch.where(mask, notes.index[n0:n1] - r0, r1 - r0)
-    return NoteSide(rows, index, mask, notes.tag[n0:n1], notes.no_tag[n0:n1],
+    return NoteSide(rows, index, mask, _table_rows(notes.tag, n0, n1), notes.no_tag[n0:n1],
                     notes.has_emb[n0:n1])  # fmt: skip
+
+
+def _table_rows(table: Any, lo: int, hi: int) -> Any:
+    """Rows ``lo:hi`` of a dense or sparse table (views)."""
+    from soulmem_torch.functional.sparse_rows import SparseRows
+
+    return table.narrow(lo, hi) if isinstance(table, SparseRows) else table[lo:hi]
 
 
 def _cat(parts: list[Tensor], empty: Tensor) -> Tensor:
@@ -638,18 +668,32 @@ def grouped_is_cheaper(union: UnionSnapshot, num_queries: int, num_agents: int, 
     """Whether scoring per agent group beats the gathered candidate rows for this batch."""
     if union.notes is None:
         return False
-    d = int(union.notes.rows.shape[1])
+    from soulmem_torch.functional.sparse_rows import SparseRows
+
+    rows = union.notes.rows
+    d = int(rows.shape[1])
+    if isinstance(rows, SparseRows):  # a gathered row costs its cells (~25 ns each)
+        d = 50 * max(rows.nnz, 1) // max(len(rows), 1)
     return num_agents * _GROUP_SECONDS < num_queries * m * 2 * d * _GATHER_SECONDS_PER_FLOAT
 
 
-def _agent_notes(union: UnionSnapshot, lo: int, hi: int) -> Any:
-    """Notes ``lo:hi`` (one agent) of the union note side, as a note side of their own: views
-    of the union's tensors (``index`` still points at union rows), no copy."""
+def _agent_notes(union: UnionSnapshot, p: int, lo: int, hi: int) -> Any:
+    """Notes ``lo:hi`` (agent ``p``) of the union note side, as a note side of their own:
+    views of the union's dense tensors (``index`` still points at union rows), no copy; from
+    a sparse note side, the agent's own rows and tags made dense (a few hundred rows: the
+    dense kernels' fixed cost per call is lower than the sparse ones')."""
     from soulmem_torch.functional.similarity import NoteSide
+    from soulmem_torch.functional.sparse_rows import SparseRows
 
     notes = union.notes
+    if isinstance(notes.rows, SparseRows) or isinstance(notes.tag, SparseRows):
+        r0, r1 = (int(x) for x in union.row_ptr[p : p + 2])
+        own = _slice_note_side(notes, lo, hi, r0, r1)
+        rows = own.rows.to_dense() if isinstance(own.rows, SparseRows) else own.rows
+        tag = own.tag.to_dense() if isinstance(own.tag, SparseRows) else own.tag
+        return own._replace(rows=rows, tag=tag)
     return NoteSide(
-        notes.rows, notes.index[lo:hi], notes.mask[lo:hi], notes.tag[lo:hi],
+        notes.rows, notes.index[lo:hi], notes.mask[lo:hi], _table_rows(notes.tag, lo, hi),
         notes.no_tag[lo:hi], notes.has_emb[lo:hi],
     )  # fmt: skip
 
@@ -686,7 +730,7 @@ def grouped_structured_similarity(
         sub = q.select(r)
         out[r, : hi - lo] = fused_similarity_compact(
             sub.tag, sub.kind, sub.field, sub.field_mask, sub.unit_mask,
-            _agent_notes(union, lo, hi), union.node_type[lo:hi],
+            _agent_notes(union, p, lo, hi), union.node_type[lo:hi],
             string_scores=None if string is None else string[r, : hi - lo],
             weights=weights,
         )  # fmt: skip

@@ -67,6 +67,13 @@ from soulmem_torch.embedding.fields import (
 )
 from soulmem_torch.errors import ValidationError
 from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SEMANTIC, NODE_SPECIFIC
+from soulmem_torch.functional.sparse_rows import (
+    SPARSE_MAX_DENSITY,
+    SPARSE_MIN_CELLS,
+    SparseRows,
+    sparse_row_dots,
+    sparse_rows_matmul,
+)
 from soulmem_torch.functional.topk import stable_topk
 
 __all__ = [
@@ -81,6 +88,7 @@ __all__ = [
     "fused_similarity_compact",
     "normalize_rows",
     "row_dots",
+    "rows_matmul",
     "note_side",
     "note_side_compact",
     "topk",
@@ -185,9 +193,13 @@ def cosine_scores(query: Tensor, x: Tensor) -> Tensor:
     return out.squeeze(0) if squeeze else out
 
 
-def row_dots(a: Tensor, table: Tensor, cols: Tensor) -> Tensor:
+def row_dots(a: Tensor, table: Tensor | SparseRows, cols: Tensor) -> Tensor:
     """``out[r, k] = a[r] · table[cols[r, k]]``: (R, K), without gathering the ``(R, K, D)``
     rows of ``table``.
+
+    A :class:`~soulmem_torch.functional.sparse_rows.SparseRows` table (the sparse note side,
+    docs/spec.md §3) is read cell by cell
+    (:func:`~soulmem_torch.functional.sparse_rows.sparse_row_dots`), on any device.
 
     On the CPU, one sampled dense-dense product (``torch.sparse.sampled_addmm``: ``a @
     table.T`` computed only at the ``R × K`` sampled entries, each a dot product that reads
@@ -200,9 +212,11 @@ def row_dots(a: Tensor, table: Tensor, cols: Tensor) -> Tensor:
 
     Args:
         a: (R, D) float32 or float64.
-        table: (P, D), the dtype and device of ``a``.
+        table: (P, D), the dtype and device of ``a``, dense or sparse.
         cols: (R, K) int64 row numbers into ``table``, each in ``[0, P)``.
     """
+    if isinstance(table, SparseRows):
+        return sparse_row_dots(a, table, cols)
     r, k = int(cols.shape[0]), int(cols.shape[1])
     if r == 0 or k == 0 or a.shape[1] == 0:
         return a.new_zeros(r, k)
@@ -217,6 +231,51 @@ def row_dots(a: Tensor, table: Tensor, cols: Tensor) -> Tensor:
         )  # fmt: skip
         out = torch.sparse.sampled_addmm(mask, a, table.T)
     return out.values().view(r, k)
+
+
+def rows_matmul(a: Tensor, table: Tensor | SparseRows, sel: Tensor | None = None) -> Tensor:
+    """``a @ table[sel].T``: (R, n) (``sel`` None: every row of ``table``), for a dense table
+    (the gathered rows, one matmul) or a sparse one (one CSR product,
+    :func:`~soulmem_torch.functional.sparse_rows.sparse_rows_matmul`).
+
+    Args:
+        a: (R, D) float.
+        table: (P, D), dense or :class:`~soulmem_torch.functional.sparse_rows.SparseRows`.
+        sel: (n,) int64 row numbers into ``table``, or None.
+    """
+    if isinstance(table, SparseRows):
+        return sparse_rows_matmul(a, table, sel)
+    rows = table if sel is None else table.index_select(0, sel)
+    return a @ rows.T
+
+
+def _normalized_table(
+    x: Tensor, device: torch.device, *, zero_row: bool, keep: Tensor | None = None
+) -> Tensor | SparseRows:
+    """``normalize_rows(x)`` (rows where ``keep`` is False zeroed), plus one zero row when
+    ``zero_row``: a :class:`SparseRows` when ``x`` has at least ``SPARSE_MIN_CELLS`` cells and at
+    most ``SPARSE_MAX_DENSITY`` of them are non-zero (normalized a block of rows at a time: no dense copy is ever whole), else a
+    dense tensor. The values are ``normalize_rows``'s either way."""
+    x = x.to(device, torch.float32)
+    p, d = int(x.shape[0]), int(x.shape[1])
+    big = p * d >= SPARSE_MIN_CELLS
+    if big and int(torch.count_nonzero(x)) <= SPARSE_MAX_DENSITY * p * d:
+        step = max(1, (1 << 22) // d)
+        parts = []
+        for lo in range(0, p, step):
+            block = normalize_rows(x[lo : lo + step])
+            if keep is not None:
+                block *= keep[lo : lo + step].unsqueeze(-1)
+            parts.append(SparseRows.from_dense(block))
+        table = SparseRows.cat(parts)
+        return table.with_zero_row() if zero_row else table
+    out = torch.zeros(p + int(zero_row), d, dtype=torch.float32, device=device)
+    if p:  # normalize_rows written straight into the table (no second copy)
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        torch.div(x, torch.where(norm > 0, norm, torch.ones_like(norm)), out=out[:p])
+        if keep is not None:
+            out[:p] *= keep.unsqueeze(-1)
+    return out
 
 
 def topk(scores: Tensor, k: int, *, dim: int = -1) -> tuple[Tensor, Tensor]:
@@ -448,12 +507,18 @@ class NoteSide(NamedTuple):
     note lacks the field. A kernel gathers, per note field it needs, the rows of the notes it
     scores (``(n, D)``, never the ``(n, F, D)`` block) and matches them in the same matmul
     shapes as a dense block would: the scores are bit for bit those of the dense layout.
+
+    ``rows`` and ``tag`` are each a dense tensor or, when their vectors are sparse (a
+    ``HashingEmbedder``'s: ≤ 25% non-zero cells), a
+    :class:`~soulmem_torch.functional.sparse_rows.SparseRows` of the same values (DECISION
+    "sparse note side", docs/spec.md §3): ``row_dots`` / ``rows_matmul`` read either; sums
+    over the non-zero cells differ from the dense sums in the last float32 bits (~1e-8).
     """
 
-    rows: Tensor  # (P + 1, D) f32: normalized distinct field rows, then one zero row
+    rows: Tensor | SparseRows  # (P + 1, D) f32: normalized distinct field rows, then a zero row
     index: Tensor  # (N, F) int64: row of each note field, P where absent
     mask: Tensor  # (N, F) bool: the note has the field
-    tag: Tensor  # (N, D) f32: normalized tag vectors, zero for notes without an embedding
+    tag: Tensor | SparseRows  # (N, D) f32: normalized tags, zero for notes without an embedding
     no_tag: Tensor  # (N,) bool: no tag vector (all zeros, or no embedding)
     has_emb: Tensor  # (N,) bool: the note has an embedding (``tag_mask``)
 
@@ -466,7 +531,15 @@ class NoteSide(NamedTuple):
         """The dense ``(N, F, D)`` normalized fields (absent ones zero): a fresh copy, for
         inspection only — no kernel reads it."""
         n, f = (int(x) for x in self.index.shape)
-        return self.rows.index_select(0, self.index.reshape(-1)).view(n, f, -1)
+        rows = self.rows
+        if isinstance(rows, SparseRows):
+            return rows.select(self.index.reshape(-1)).to_dense().view(n, f, -1)
+        return rows.index_select(0, self.index.reshape(-1)).view(n, f, -1)
+
+    @property
+    def sparse(self) -> bool:
+        """Whether the field rows are held sparse."""
+        return isinstance(self.rows, SparseRows)
 
     def to(self, device: torch.device | str) -> NoteSide:
         """A copy on ``device`` (``self`` when already there)."""
@@ -480,7 +553,10 @@ class NoteSide(NamedTuple):
 
     def nbytes(self) -> int:
         """Bytes of its tensors."""
-        return sum(t.numel() * t.element_size() for t in self[:6])
+        return sum(
+            t.nbytes() if isinstance(t, SparseRows) else t.numel() * t.element_size()
+            for t in self[:6]
+        )
 
 
 def note_side_compact(
@@ -492,7 +568,8 @@ def note_side_compact(
     device: torch.device | str | None = None,
 ) -> NoteSide:
     """The note side of a compact layout (``MemoryGraph.field_rows`` / ``field_pos``):
-    ``field_rows`` normalized once, the tags normalized and masked.
+    ``field_rows`` normalized once, the tags normalized and masked; each table held sparse
+    when its vectors are (:class:`NoteSide`).
 
     Args:
         tag_emb: shape (N, D), float. Tag vectors.
@@ -508,17 +585,13 @@ def note_side_compact(
             f"field_rows: expected shape (P, {d}) (the width of tag_emb), found "
             f"{tuple(field_rows.shape)}"
         )
-    rows = torch.zeros(p + 1, d, dtype=torch.float32, device=device)
-    if p:  # normalize_rows written straight into the table (no second copy)
-        x = field_rows.to(device, torch.float32)
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-        torch.div(x, torch.where(norm > 0, norm, torch.ones_like(norm)), out=rows[:p])
+    rows = _normalized_table(field_rows.reshape(p, d), device, zero_row=True)
     index = field_pos.to(device, torch.int64)
     mask = index >= 0
     index = torch.where(mask, index, p)
     has_emb = tag_mask.to(device)
     tag = tag_emb.to(device, torch.float32)
-    tn = normalize_rows(tag) * has_emb.unsqueeze(-1)
+    tn = _normalized_table(tag, device, zero_row=False, keep=has_emb)
     no_tag = ~((tag != 0).any(dim=-1) & has_emb)
     return NoteSide(rows, index, mask, tn, no_tag, has_emb)
 
@@ -573,7 +646,10 @@ def _single_cos(qs: QueryFields, notes: NoteSide, sel: Tensor) -> Callable[[str,
     def cos(q_name: str, f_name: str) -> Tensor:
         q = qs.slice(_Q[q_name])
         if q is None:  # no unit has the field: the cosines of zero rows
-            return notes.rows.new_zeros(b, u, n)
+            return torch.zeros(b, u, n, dtype=torch.float32, device=qs.device)
+        if isinstance(notes.rows, SparseRows):
+            flat = sparse_rows_matmul(q.reshape(b * u, -1), notes.rows, index[:, _F[f_name]])
+            return flat.view(b, u, n)
         rows = notes.rows.index_select(0, index[:, _F[f_name]])  # (n, D)
         return torch.matmul(q, rows.T)
 
@@ -634,7 +710,7 @@ def embedding_scores_compact(
             qs.qm, um[sit_q], w,
         )  # fmt: skip
 
-    tag_cos = normalize_rows(query_tag) @ notes.tag.T
+    tag_cos = rows_matmul(normalize_rows(query_tag), notes.tag)
     q_zero = ~(query_tag != 0).any(dim=-1)
     no_tag = q_zero.unsqueeze(1) | notes.no_tag.unsqueeze(0)
     score = torch.where(no_tag, variant, w.tag * tag_cos + w.variant * variant)

@@ -21,7 +21,7 @@ never over the memory's notes; the note terms are cached per cluster version.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from soulmem_torch.retrieve.text import note_strings, query_strings, text_terms
@@ -52,7 +52,7 @@ def query_terms(query: Any) -> frozenset[str]:
     return frozenset(t for s in query_strings(query) for t in text_terms(s)) - STOP_TERMS
 
 
-def _note_terms(cluster: Any, note_id: Any, cache: dict[Any, frozenset[str]]) -> frozenset[str]:
+def _note_terms(cluster: Any, note_id: Any, cache: Any) -> Collection[str]:
     terms = cache.get(note_id)
     if terms is None:
         entry = cluster.get(note_id)
@@ -65,26 +65,55 @@ def _note_terms(cluster: Any, note_id: Any, cache: dict[Any, frozenset[str]]) ->
     return terms
 
 
-def _terms_of_index(cluster: Any) -> dict[Any, frozenset[str]]:
+class _IndexTerms:
+    """Each note's terms read off the text index of a snapshot (the text channel's: the same
+    terms, already counted), made on first use per note — only the notes a filter checks and
+    their neighbours, not every note of the memory — and kept (a ``dict``'s ``get``)."""
+
+    __slots__ = ("_built", "_cols", "_graph", "_starts", "_vocab", "_words")
+
+    def __init__(self, graph: Any, index: Any) -> None:
+        import torch
+
+        rows, cols = index.weights.indices()
+        counts = torch.bincount(rows, minlength=int(graph.num_nodes))
+        starts = torch.zeros(int(graph.num_nodes) + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=starts[1:])
+        self._graph, self._starts, self._cols = graph, starts, cols
+        self._words: list[str] | None = None  # column order: terms numbered as first met
+        self._built: dict[Any, Collection[str]] = {}
+        self._vocab = index.vocab
+
+    def get(self, note_id: Any) -> Collection[str] | None:
+        terms = self._built.get(note_id)
+        if terms is None:
+            row = self._graph.index_of.get(note_id)
+            if row is None:
+                return None
+            if self._words is None:
+                self._words = list(self._vocab)
+            lo, hi = int(self._starts[row]), int(self._starts[row + 1])
+            # a tuple (its terms are distinct): a quarter of a frozenset's memory, and only
+            # ever iterated (into a note's reach set)
+            terms = tuple(map(self._words.__getitem__, self._cols[lo:hi].tolist()))
+            self._built[note_id] = terms
+        return terms
+
+    def __setitem__(self, note_id: Any, terms: Collection[str]) -> None:
+        self._built[note_id] = terms
+
+
+def _terms_of_index(cluster: Any) -> Any:
     """Every note's terms read off the text index of the cluster's current snapshot when one
-    was built (the text channel's: the same terms, already counted), else an empty dict
-    (:func:`_note_terms` then reads each note asked about)."""
+    was built (:class:`_IndexTerms`), else an empty dict (:func:`_note_terms` then reads each
+    note asked about)."""
     import torch
 
     graph = cluster.cached(("graph", torch.device("cpu")))
     index = None if graph is None else graph.cache.get("text_index")
     if index is None:
         return {}
-    rows, cols = index.weights.indices()
-    counts = torch.bincount(rows, minlength=int(graph.num_nodes)).tolist()
-    words = list(index.vocab)  # column order: the vocabulary numbers terms as it meets them
-    cols = list(map(words.__getitem__, cols.tolist()))
-    own: dict[Any, frozenset[str]] = {}
-    start = 0
-    for note_id, count in zip(graph.ids, counts):
-        own[note_id] = frozenset(cols[start : start + count])
-        start += count
-    return own
+    return _IndexTerms(graph, index)
 
 
 def _reach_terms(cluster: Any, note_id: Any) -> frozenset[str]:
@@ -95,7 +124,7 @@ def _reach_terms(cluster: Any, note_id: Any) -> frozenset[str]:
     if terms is None:
         neighbours = [lk.to for lk in cluster.out_links(note_id)]
         neighbours += [lk.from_ for lk in cluster.in_links(note_id)]
-        terms = _note_terms(cluster, note_id, own).union(
+        terms = frozenset(_note_terms(cluster, note_id, own)).union(
             *(_note_terms(cluster, n, own) for n in neighbours)
         )
         reach[note_id] = terms

@@ -4,11 +4,13 @@ each vector held once by the notes / snapshots and once, normalized, by the unio
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from soulmem_torch import HashingEmbedder, MemoryBank
 from soulmem_torch.embedding import FIELD_NAMES
 from soulmem_torch.embedding.query_embedding import cached_note_side
+from soulmem_torch.functional.sparse_rows import SparseRows
 
 from .helpers import sample_notes
 
@@ -16,8 +18,8 @@ DIM = 64
 F = len(FIELD_NAMES)
 
 
-def _bank(subsets: list[list[int]]) -> MemoryBank:
-    bank = MemoryBank(embedder=HashingEmbedder(dim=DIM))
+def _bank(subsets: list[list[int]], *, dim: int = DIM) -> MemoryBank:
+    bank = MemoryBank(embedder=HashingEmbedder(dim=dim))
     for a, subset in enumerate(subsets):
         bank.add_agent(f"a{a}", sample_notes(subset))
     return bank
@@ -30,6 +32,8 @@ def _tensors(value, out: list[torch.Tensor]) -> list[torch.Tensor]:
         if isinstance(v, torch.Tensor):
             if v.layout == torch.strided:
                 out.append(v)
+        elif isinstance(v, SparseRows):
+            stack.extend([v.crow, v.col, v.val])
         elif isinstance(v, (tuple, list)):
             stack.extend(v)
         elif isinstance(v, dict):
@@ -39,6 +43,10 @@ def _tensors(value, out: list[torch.Tensor]) -> list[torch.Tensor]:
                 getattr(v, f) for f in v.__dataclass_fields__ if f not in ("graphs", "cache")
             )
     return out
+
+
+def _dense(table):
+    return table.to_dense() if isinstance(table, SparseRows) else table
 
 
 def _distinct_bytes(tensors: list[torch.Tensor]) -> int:
@@ -77,7 +85,14 @@ def test_bank_memory_is_bounded_by_the_compact_layout() -> None:
     _tensors([v for k, v in union.cache.items() if not (isinstance(k, tuple) and k[0] == "dense")],
              tensors)  # fmt: skip
     assert not any(t.dim() >= 2 and tuple(t.shape[-2:]) == (F, DIM) for t in tensors)
-    vectors = 2 * (n + p + 1) * DIM * 4  # raw + normalized tags and distinct field rows
+    # raw tags and distinct field rows + the normalized ones: dense, or (sparse tables) their
+    # cells (8 bytes) and row offsets
+    normalized = 0
+    for table, rows in ((union.notes.rows, p + 1), (union.notes.tag, n)):
+        normalized += (
+            table.nnz * 8 + (rows + 1) * 8 if isinstance(table, SparseRows) else rows * DIM * 4
+        )
+    vectors = (n + p + 1) * DIM * 4 + normalized
     per_note = n * (F * (8 + 1 + 4) + 256)  # field indices, masks, node tensors, caches
     per_link = e * 256  # edge tensors, weights, both transition operators, BM25 postings
     assert _distinct_bytes(tensors) <= vectors + per_note + per_link
@@ -85,28 +100,43 @@ def test_bank_memory_is_bounded_by_the_compact_layout() -> None:
     assert p < sum(int(g.field_pos.ge(0).sum()) for g in graphs)
 
 
-def test_union_rows_are_the_snapshots_note_sides_and_carried_across_splices() -> None:
-    bank = _bank([list(range(0, 30)), list(range(30, 60))])
+@pytest.mark.parametrize("dim", [DIM, 1024])
+def test_union_rows_are_the_snapshots_note_sides_and_carried_across_splices(
+    dim: int, monkeypatch
+) -> None:
+    """Either layout: at width 1024 the hashed vectors are sparse (``SparseRows``; small
+    tables allowed sparse here)."""
+    import soulmem_torch.functional.similarity as fsim
+    import soulmem_torch.functional.sparse_rows as sr
+
+    if dim == 1024:
+        monkeypatch.setattr(fsim, "SPARSE_MIN_CELLS", 0)
+        monkeypatch.setattr(sr, "SPARSE_MIN_CELLS", 0)
+    bank = _bank([list(range(0, 30)), list(range(30, 60))], dim=dim)
+    if dim == 1024:
+        assert isinstance(bank.union().notes.rows, SparseRows)
+        assert isinstance(bank.union().notes.tag, SparseRows)
     before = bank.union()
     for a, g in zip(bank.agents(), (bank.graph(x) for x in bank.agents())):
         own = cached_note_side(g, cache=False)
         lo, hi = (int(x) for x in before.ptr[[bank.agents().index(a), bank.agents().index(a) + 1]])
         r0 = int(before.row_ptr[bank.agents().index(a)])
-        assert torch.equal(before.notes.tag[lo:hi], own.tag)
-        assert torch.equal(before.notes.rows[before.notes.index[lo:hi][own.mask]],
-                           own.rows[own.index[own.mask]])  # fmt: skip
+        assert torch.equal(_dense(before.notes.tag)[lo:hi], _dense(own.tag))
+        assert torch.equal(_dense(before.notes.rows)[before.notes.index[lo:hi][own.mask]],
+                           _dense(own.rows)[own.index[own.mask]])  # fmt: skip
         assert torch.equal(before.notes.index[lo:hi][own.mask] - r0, own.index[own.mask])
     bank.add_agent("a2", sample_notes(list(range(60, 77))))
     spliced = bank.union()
     assert spliced is not before
     rows = int(before.row_ptr[-1])
     # the old agents' normalized rows are carried (same values), the new agent's appended
-    assert torch.equal(spliced.notes.rows[:rows], before.notes.rows[:rows])
+    assert torch.equal(_dense(spliced.notes.rows)[:rows], _dense(before.notes.rows)[:rows])
     from soulmem_torch.bank._union import build_union
 
     full = build_union([bank.graph(a) for a in bank.agents()], bank.device)
     for name in ("rows", "index", "mask", "tag", "no_tag", "has_emb"):
-        assert torch.equal(getattr(spliced.notes, name), getattr(full.notes, name)), name
+        got, want = getattr(spliced.notes, name), getattr(full.notes, name)
+        assert torch.equal(_dense(got), _dense(want)), name
     assert torch.equal(spliced.row_ptr, full.row_ptr)
 
 
