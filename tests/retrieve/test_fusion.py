@@ -373,6 +373,22 @@ def _plain_world() -> tuple:
     return wm, names, embedder
 
 
+def _assert_fused_by_hand(association: list, ids: list, channels: list) -> None:
+    """``association`` is the reciprocal-rank fusion (k = 5, first 10) of ``channels``, each
+    computed by hand: a channel votes for the notes it scored, 1 / (5 + rank)."""
+
+    def rr(x: torch.Tensor) -> list[float]:
+        pos = [i for i in range(len(x)) if x[i] > 0]
+        order = sorted(pos, key=lambda i: (-float(x[i]), i))
+        return [1 / (5 + order.index(i) + 1) if i in pos else 0.0 for i in range(len(x))]
+
+    fused = [sum(v) for v in zip(*(rr(c) for c in channels))]
+    present = [i for i in range(len(ids)) if any(float(c[i]) > 0 for c in channels)]
+    want = sorted(present, key=lambda i: (-fused[i], i))[:10]
+    assert [i for i, _ in association] == [ids[i] for i in want]
+    assert [s for _, s in association] == pytest.approx([fused[i] for i in want])
+
+
 def test_fused_pipeline_is_the_sum_of_its_channels_ranks(device: torch.device) -> None:
     wm, names, embedder = _plain_world()
     config = DefaultPipelineConfig(similarity=SimilarityConfig(similarity_threshold=0.0))
@@ -404,17 +420,7 @@ def test_fused_pipeline_is_the_sum_of_its_channels_ranks(device: torch.device) -
         torch.tensor([ppr.get(i, 0.0) for i in ids], dtype=torch.float64),
         both_ways,
     ]
-
-    def rr(x: torch.Tensor) -> list[float]:  # a channel votes for the notes it scored
-        pos = [i for i in range(len(x)) if x[i] > 0]
-        order = sorted(pos, key=lambda i: (-float(x[i]), i))
-        return [1 / (5 + order.index(i) + 1) if i in pos else 0.0 for i in range(len(x))]
-
-    fused = [sum(v) for v in zip(*(rr(c) for c in channels))]
-    present = [i for i in range(len(ids)) if any(float(c[i]) > 0 for c in channels)]
-    want = sorted(present, key=lambda i: (-fused[i], i))[:10]
-    assert [i for i, _ in got.association] == [ids[i] for i in want]
-    assert [s for _, s in got.association] == pytest.approx([fused[i] for i in want])
+    _assert_fused_by_hand(got.association, ids, channels)
     assert got.association[0][0] == names["cafe"]
 
 
@@ -456,17 +462,7 @@ def test_text_personalization_spreads_the_text_channel(device: torch.device) -> 
         torch.tensor([ppr.get(i, 0.0) for i in ids], dtype=torch.float64),
         both_ways,
     ]
-
-    def rr(x: torch.Tensor) -> list[float]:
-        pos = [i for i in range(len(x)) if x[i] > 0]
-        order = sorted(pos, key=lambda i: (-float(x[i]), i))
-        return [1 / (5 + order.index(i) + 1) if i in pos else 0.0 for i in range(len(x))]
-
-    fused = [sum(v) for v in zip(*(rr(c) for c in channels))]
-    present = [i for i in range(len(ids)) if any(float(c[i]) > 0 for c in channels)]
-    want = sorted(present, key=lambda i: (-fused[i], i))[:10]
-    assert [i for i, _ in got.association] == [ids[i] for i in want]
-    assert [s for _, s in got.association] == pytest.approx([fused[i] for i in want])
+    _assert_fused_by_hand(got.association, ids, channels)
 
 
 def _sample() -> tuple:
