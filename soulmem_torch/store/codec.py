@@ -101,8 +101,18 @@ def note_digest(
         rid is None or type(rid) is str
     ) or not (emb is None or type(emb) is bytes):  # fmt: skip
         return row_digest(agent, id_, pos, note, rid, emb)
-    a, i, p, t = agent.encode(), id_.encode(), str(pos).encode(), note.encode()
-    parts = [_LENGTH(len(a)), a, _LENGTH(len(i)), i, _LENGTH(len(p)), p, _LENGTH(len(t)), t]
+    a = agent.encode()
+    return _unrolled_digest(_LENGTH(len(a)) + a, id_, pos, note, rid, emb)
+
+
+def _unrolled_digest(
+    head: bytes, id_: str, pos: int, note: bytes | str, rid: str | None, emb: bytes | None
+) -> bytes:
+    """:func:`row_digest` of a typed note row whose agent part (length + UTF-8) is ``head``;
+    ``note`` may be its stored UTF-8 bytes."""
+    i, p = id_.encode(), str(pos).encode()
+    t = note if type(note) is bytes else note.encode()
+    parts = [head, _LENGTH(len(i)), i, _LENGTH(len(p)), p, _LENGTH(len(t)), t]
     if rid is None:
         parts.append(_NONE)
     else:
@@ -121,7 +131,7 @@ def first_bad_note_row(agent: str, rows: Sequence[Sequence[Any]]) -> int | None:
     over the rows (a load verifies every row; the note may be its stored UTF-8 bytes)."""
     a = agent.encode("utf-8")
     head = _LENGTH(len(a)) + a
-    length, none, blake = _LENGTH, _NONE, _blake2b
+    digest = _unrolled_digest
     for k, (id_, pos, note, rid, emb, sha) in enumerate(rows):
         if type(id_) is not str or type(pos) is not int or not (
             type(note) is bytes or type(note) is str
@@ -129,19 +139,7 @@ def first_bad_note_row(agent: str, rows: Sequence[Sequence[Any]]) -> int | None:
             if sha != row_digest(agent, id_, pos, note, rid, emb):
                 return k
             continue
-        i, p = id_.encode(), str(pos).encode()
-        t = note if type(note) is bytes else note.encode()
-        parts = [head, length(len(i)), i, length(len(p)), p, length(len(t)), t]
-        if rid is None:
-            parts.append(none)
-        else:
-            r = rid.encode()
-            parts += (length(len(r)), r)
-        if emb is None:
-            parts.append(none)
-        else:
-            parts += (length(len(emb)), emb)
-        if blake(b"".join(parts), digest_size=16).digest() != sha:
+        if digest(head, id_, pos, note, rid, emb) != sha:
             return k
     return None
 
