@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -120,16 +122,19 @@ def test_chunk_text() -> None:
         chunk_text("a", 0)
 
 
-def _reference_chunks(text: str, max_chars: int) -> list[str]:
-    """The chunking rule level by level, every level tried (no level skipped)."""
+def _reference_chunks(text: str, max_chars: int, levels: Sequence[Any] | None = None) -> list[str]:
+    """The chunking rule level by level, every level tried (no level skipped); ``levels``:
+    each level's splitter (text → pieces), the library's own by default."""
     from soulmem_torch.embedding.embedder import _LEVELS
+
+    levels = _LEVELS if levels is None else levels
 
     def split(t: str, level: int) -> list[str]:
         if len(t) <= max_chars:
             return [t]
-        if level >= len(_LEVELS):
+        if level >= len(levels):
             return [t[i : i + max_chars] for i in range(0, len(t), max_chars)]
-        pieces = list(filter(None, _LEVELS[level](t)))
+        pieces = list(filter(None, levels[level](t)))
         if len(pieces) <= 1:
             return split(t, level + 1)
         return [q for p in pieces for q in (split(p, level + 1) if len(p) > max_chars else [p])]
@@ -193,40 +198,6 @@ _REF_LEVELS = tuple(
 )  # fmt: skip
 
 
-def _ref_split(text: str, limit: int, level: int) -> list[str]:
-    if len(text) <= limit:
-        return [text]
-    if level >= len(_REF_LEVELS):
-        return [text[i : i + limit] for i in range(0, len(text), limit)]
-    pieces = [p for p in _REF_LEVELS[level].split(text) if p]
-    if len(pieces) <= 1:
-        return _ref_split(text, limit, level + 1)
-    out: list[str] = []
-    for piece in pieces:
-        out.extend(_ref_split(piece, limit, level + 1) if len(piece) > limit else [piece])
-    return out
-
-
-def _ref_chunk_text(text: str, max_chars: int) -> list[str]:
-    stripped = text.strip()
-    if not stripped:
-        return []
-    if len(stripped) <= max_chars:
-        return [stripped]
-    chunks: list[str] = []
-    current = ""
-    for piece in _ref_split(stripped, max_chars, 0):
-        if len(current) + len(piece) <= max_chars:
-            current += piece
-            continue
-        if current.strip():
-            chunks.append(current.strip())
-        current = piece
-    if current.strip():
-        chunks.append(current.strip())
-    return chunks
-
-
 def test_chunk_text_matches_the_zero_width_splitter() -> None:
     rng = random.Random(3)
     alphabet = [*"ab .\n\t。！？!?；;…，,、：: \u3000\u00a0x\r\x1c", "\n\n", "...", ". "]
@@ -234,4 +205,6 @@ def test_chunk_text_matches_the_zero_width_splitter() -> None:
     texts += ["a.b. c.\n\n\nd", "x" * 450, "。" * 250, "end." * 80, "，" * 201]
     for limit in (200, 7, 50):
         for text in texts:
-            assert chunk_text(text, limit) == _ref_chunk_text(text, limit), (limit, text)
+            assert chunk_text(text, limit) == _reference_chunks(
+                text, limit, [r.split for r in _REF_LEVELS]
+            ), (limit, text)
