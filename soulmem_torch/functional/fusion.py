@@ -8,7 +8,8 @@ query by channels, each a score row per query (the default: the four below):
   the query asked for, not for the near misses of the same kind;
 * **text** — BM25 over the whole note's text (every kind; :func:`bm25_note_weights` +
   :func:`bm25_scores`);
-* **graph** — Personalized PageRank from the seeds along the links as the original follows them
+* **graph** — Personalized PageRank from the seeds (or, :func:`ppr_start`, from every note the
+  first stage or the text channel scored) along the links as the original follows them
   (source → target);
 * **graph_undirected** — the same PageRank with every link walkable both ways
   (:func:`undirected_edges`): notes that link *to* a seed count too.
