@@ -57,7 +57,9 @@ import numpy as np
 import torch
 
 from soulmem_torch.embedding.fields import FIELD_INDEX, EmbeddedMemoryNote, MemoryEmbedding
+from soulmem_torch.embedding.compact import CompactVectors, pack_embeddings, share_tables
 from soulmem_torch.errors import NotFoundError, ValidationError
+from soulmem_torch.functional.sparse_rows import SparseRows
 from soulmem_torch.model.ids import LinkId, MemoryId
 from soulmem_torch.model.links import MemoryLink
 from soulmem_torch.model.notes import MemoryNote
@@ -522,6 +524,8 @@ class MemoryCluster:
                 _raise_non_finite(checked)  # an earlier note's NaN is reported first
                 raise
             _raise_non_finite(checked)
+            if dim is not None and len(prepared) > 1:
+                prepared = self._packed(prepared, dim)
 
             added, changed = self._insert_all(prepared, links_after_nodes, dim)
             if links_after_nodes:
@@ -534,6 +538,19 @@ class MemoryCluster:
             if changed:
                 self._touch()
             return added
+
+    @staticmethod
+    def _packed(
+        prepared: list[tuple[MemoryNote, MemoryEmbedding | None]], dim: int
+    ) -> list[tuple[MemoryNote, MemoryEmbedding | None]]:
+        """The batch's sparse float32 CPU vectors packed into one compact table
+        (embedding/compact.py, docs/spec.md §3 DECISION "compact raw vectors"): the notes
+        hold compact embeddings, not the caller's dense buffers. Unchanged when the vectors
+        do not qualify (dense, narrow, another dtype or device, a store's deferred ones)."""
+        packed = pack_embeddings([e for _, e in prepared], dim)
+        if packed is None:
+            return prepared
+        return [(note, emb) for (note, _), emb in zip(prepared, packed)]
 
     def _insert_all(
         self,
@@ -675,6 +692,17 @@ class MemoryCluster:
         with self._lock:
             if version != self.version:
                 return False
+            if isinstance(tag_emb, SparseRows):  # sparse tables: compact embeddings of them
+                assert isinstance(field_rows, SparseRows) and field_pos is not None
+                table = CompactVectors(tag_emb, field_rows, field_pos)
+                nodes = self._nodes
+                items = [nodes.get(mid) for mid in ids]
+                for item, emb in zip(items, share_tables(table, [
+                    None if item is None else item.embedding for item in items
+                ])):  # fmt: skip
+                    if item is not None and emb is not None:
+                        item.embedding = emb
+                return True
             pos = field_pos.tolist() if field_pos is not None else None
             # every row view made in one call each (not one indexing per vector)
             tag_views = tag_emb.unbind(0)
