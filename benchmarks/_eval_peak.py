@@ -41,8 +41,8 @@ def eval_peak(path: str, level: str = "turn") -> dict[str, Any]:
     reset_hwm()
     t0 = time.perf_counter()
     import soulmem_torch.bank  # noqa: F401
-    from soulmem_torch.chat import read_longmemeval, sessions_to_notes
     from soulmem_torch.chat import evaluate as chat_eval
+    from soulmem_torch.chat import read_longmemeval, sessions_to_notes
 
     stage("import", t0)
     t0 = time.perf_counter()

@@ -64,15 +64,14 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from soulmem_torch.device import resolve_device
+from soulmem_torch.embedding.compact import stack_sparse_tables
 from soulmem_torch.embedding.fields import (
     FIELD_NAMES,
     compact_to_dense,
     dense_to_compact,
     stack_compact_field_embeddings,
 )
-from soulmem_torch.embedding.compact import stack_sparse_tables
 from soulmem_torch.errors import NotFoundError, ValidationError
-from soulmem_torch.functional.sparse_rows import SparseRows
 from soulmem_torch.functional.codes import (
     LINK_PROC,
     LINK_SEM,
@@ -83,6 +82,7 @@ from soulmem_torch.functional.codes import (
     NODE_SEMANTIC,
     NODE_SPECIFIC,
 )
+from soulmem_torch.functional.sparse_rows import SparseRows
 from soulmem_torch.model.ids import LinkId, MemoryId
 from soulmem_torch.model.links import (
     AbstractToSpecific,

@@ -56,8 +56,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from soulmem_torch.embedding.fields import FIELD_INDEX, EmbeddedMemoryNote, MemoryEmbedding
 from soulmem_torch.embedding.compact import CompactVectors, pack_embeddings, share_tables
+from soulmem_torch.embedding.fields import FIELD_INDEX, EmbeddedMemoryNote, MemoryEmbedding
 from soulmem_torch.errors import NotFoundError, ValidationError
 from soulmem_torch.functional.sparse_rows import SparseRows
 from soulmem_torch.model.ids import LinkId, MemoryId
