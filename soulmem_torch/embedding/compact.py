@@ -136,13 +136,17 @@ def _plain(t: Any) -> bool:
     return type(t) is Tensor and t.dtype is _F32 and t.device == _CPU and t.dim() == 1
 
 
-def _eligible(embedding: Any, d: int) -> bool:
-    """A dense embedding whose every vector is a 1-D float32 CPU tensor of width ``d``."""
+def _eligible(embedding: Any, d: int, *, resolve: bool = False) -> bool:
+    """A dense embedding whose every vector is a 1-D float32 CPU tensor of width ``d``.
+    A store's deferred vectors (runtime/deferred.py) are built first when ``resolve``, else
+    they do not qualify (a load stays deferred)."""
     if type(embedding) is not MemoryEmbedding:
         return False
     state = embedding.__dict__
     if "_pending" in state and ("tag" not in state or "fields" not in state):
-        return False  # a store's deferred vectors: not built here
+        if not resolve:
+            return False
+        embedding.tag  # noqa: B018 - builds the deferred vectors (all of the load's at once)
     tag = state.get("tag")
     if tag is None and "_compact" in state:
         return False
@@ -213,7 +217,7 @@ def stack_sparse_tables(
                 local.append(r)
                 cell_field.append(j)
             continue
-        if not _eligible(emb, d):
+        if not _eligible(emb, d, resolve=True):
             return None
         tag_src.append((0, len(dense)))
         dense.append(emb.tag)

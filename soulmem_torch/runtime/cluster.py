@@ -56,7 +56,12 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from soulmem_torch.embedding.compact import CompactVectors, pack_embeddings, share_tables
+from soulmem_torch.embedding.compact import (
+    CompactVectors,
+    compact_ref,
+    pack_embeddings,
+    share_tables,
+)
 from soulmem_torch.embedding.fields import FIELD_INDEX, EmbeddedMemoryNote, MemoryEmbedding
 from soulmem_torch.errors import NotFoundError, ValidationError
 from soulmem_torch.functional.sparse_rows import SparseRows
@@ -515,6 +520,9 @@ class MemoryCluster:
                         seen.add(nid)
                         if emb is not None and len(seen) != before:
                             width = untouched(emb)  # a load's, as its decoder checked it
+                            if width is None:  # a compact one's: its table was checked
+                                ref = compact_ref(emb)
+                                width = None if ref is None else ref.table.dim
                             if width is not None and (dim is None or width == dim):
                                 dim = width
                             else:
