@@ -147,8 +147,9 @@ def first_bad_note_row(agent: str, rows: Sequence[Sequence[Any]]) -> int | None:
 def encode_embedding(emb: MemoryEmbedding) -> bytes:
     """The blob of one (validated) embedding: the tag and the present fields, sparse when
     that is smaller (the nonzero bit patterns and their flat positions), else dense."""
-    names = sorted(emb.fields, key=FIELD_INDEX.__getitem__)
-    vectors = [emb.tag.detach(), *(emb.fields[n].detach() for n in names)]
+    fields = emb.fields  # read once (a compact embedding builds them on each read)
+    names = sorted(fields, key=FIELD_INDEX.__getitem__)
+    vectors = [emb.tag.detach(), *(fields[n].detach() for n in names)]
     dtype = vectors[0].dtype
     for v in vectors[1:]:
         dtype = torch.promote_types(dtype, v.dtype)
