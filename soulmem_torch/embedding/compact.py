@@ -344,6 +344,9 @@ def share_tables(
             out.append(None)
             continue
         ref = compact_ref(emb)
+        if ref is not None and ref.table is table and ref.index == i:
+            out.append(emb)  # already this row of this table
+            continue
         names = ref.names if ref is not None else tuple(emb.fields)
         out.append(compact_embedding(table, i, names))
     return out

@@ -702,9 +702,9 @@ class MemoryCluster:
                 return False
             if isinstance(tag_emb, SparseRows):  # sparse tables: compact embeddings of them
                 assert isinstance(field_rows, SparseRows) and field_pos is not None
-                table = CompactVectors(tag_emb, field_rows, field_pos)
                 nodes = self._nodes
                 items = [nodes.get(mid) for mid in ids]
+                table = _table_of(items, tag_emb, field_rows, field_pos)
                 for item, emb in zip(items, share_tables(table, [
                     None if item is None else item.embedding for item in items
                 ])):  # fmt: skip
@@ -911,6 +911,23 @@ class MemoryCluster:
                         self._merge_link(source, link)
                     return True
         return False
+
+
+def _table_of(
+    items: Sequence[EmbeddedMemoryNote | None],
+    tag: SparseRows,
+    rows: SparseRows,
+    pos: torch.Tensor,
+) -> CompactVectors:
+    """The notes' own table when the snapshot took its tables as they were (nothing to
+    re-point), else a new one of the snapshot's tables."""
+    for item in items:
+        if item is not None and item.embedding is not None:
+            ref = compact_ref(item.embedding)
+            if ref is not None and ref.table.tag is tag and ref.table.rows is rows:
+                return ref.table
+            break
+    return CompactVectors(tag, rows, pos)
 
 
 _new_object = object.__new__

@@ -220,3 +220,28 @@ def test_hashing_embedder_notes_are_compact_and_retrieval_unchanged() -> None:
     assert isinstance(table, CompactVectors)
     dense_bytes = sum(4 * embedder.dim * (1 + len(v.fields)) for v in vectors)
     assert table.nbytes() * 5 < dense_bytes  # hashed features: far smaller
+
+
+def test_plain_mode_on_compact_vectors_scores_as_dense() -> None:
+    from soulmem_torch.embedding import embed_notes_plain
+    from soulmem_torch.functional.similarity import cosine_scores
+    from soulmem_torch.model import MemoryNote, SemMemory
+    from soulmem_torch.retrieve.similarity import _plain_scores
+
+    texts = [f"note {i} about the rainy café and umbrella number {i * 7}" for i in range(40)]
+    notes = [
+        MemoryNote.build(SemMemory(content=t, aliases=[], concept_type="Entity", description=""))
+        for t in texts
+    ]
+    embedder = HashingEmbedder()
+    vectors = embed_notes_plain(notes, embedder)
+    c = MemoryCluster()
+    c.add_notes(notes, vectors)
+    g = MemoryGraph.of(c)
+    assert isinstance(g.tag_table, SparseRows)
+    q = embedder(["who lent me an umbrella"])[0]
+    dense = torch.stack([v.tag for v in vectors])  # type: ignore[union-attr]
+    want = cosine_scores(q.unsqueeze(0), dense)
+    got = _plain_scores(g, [q], None)
+    assert torch.equal(got, want)
+    assert torch.equal(_plain_scores(g, [q], None), want)  # the cached dense copy
