@@ -245,3 +245,26 @@ def test_plain_mode_on_compact_vectors_scores_as_dense() -> None:
     got = _plain_scores(g, [q], None)
     assert torch.equal(got, want)
     assert torch.equal(_plain_scores(g, [q], None), want)  # the cached dense copy
+
+
+def test_store_round_trip_of_compact_vectors(tmp_path) -> None:
+    from soulmem_torch import SoulMem
+    from soulmem_torch.data import sample_memory_path
+
+    mem = SoulMem.from_graph_file(sample_memory_path())
+    before = mem.ask("谁教我做桂花糕？")
+    cluster = mem.cluster
+    ids = cluster.ids()
+    assert compact_ref(cluster[ids[0]].embedding) is not None
+    want = {i: cluster[i].embedding for i in ids}
+    mem.save(tmp_path / "store")
+    loaded = SoulMem.load(tmp_path / "store")
+    after = loaded.ask("谁教我做桂花糕？")
+    assert isinstance(MemoryGraph.of(loaded.cluster).tag_table, SparseRows)
+    for i in ids:
+        got = loaded.cluster[i].embedding
+        assert compact_ref(got) is not None
+        a, b = want[i], got
+        assert torch.equal(a.tag, b.tag) and sorted(a.fields) == sorted(b.fields)
+        assert all(torch.equal(a.fields[k], b.fields[k]) for k in a.fields)
+    assert before[0].association and repr(before) == repr(after)  # same answers and scores
