@@ -62,10 +62,30 @@ class CompactVectors:
     (:class:`SparseRows`, float32, CPU), ``pos`` ``(N, F)`` int32 (row of ``rows`` of each
     note field, ``-1`` where absent). Immutable once made."""
 
-    __slots__ = ("pos", "rows", "tag")
+    __slots__ = ("_arrays", "pos", "rows", "tag")
 
     def __init__(self, tag: SparseRows, rows: SparseRows, pos: Tensor) -> None:
         self.tag, self.rows, self.pos = tag, rows, pos
+        self._arrays: tuple[Any, ...] | None = None
+
+    def __getstate__(self) -> tuple[SparseRows, SparseRows, Tensor]:
+        return self.tag, self.rows, self.pos
+
+    def __setstate__(self, state: tuple[SparseRows, SparseRows, Tensor]) -> None:
+        self.tag, self.rows, self.pos = state
+        self._arrays = None
+
+    def arrays(self) -> tuple[Any, ...]:
+        """``(tag crow, tag col, tag val, rows crow, rows col, rows val, pos)`` as numpy
+        views of the tables (no copy; made once): what a store's encoder reads a note's
+        cells from."""
+        if self._arrays is None:
+            self._arrays = tuple(
+                t.numpy()
+                for t in (self.tag.crow, self.tag.col, self.tag.val, self.rows.crow,
+                          self.rows.col, self.rows.val, self.pos)
+            )  # fmt: skip
+        return self._arrays
 
     @property
     def dim(self) -> int:

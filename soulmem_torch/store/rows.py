@@ -115,6 +115,13 @@ def validate_embeddings(embeddings: Sequence[MemoryEmbedding | None]) -> int | N
                 f"embeddings[{i}]: expected a MemoryEmbedding or None, found {type(emb).__name__}"
             )
         where = f"embeddings[{i}]"
+        ref = compact_ref(emb)
+        if ref is not None:  # compact: its table was checked when packed (widths, finite)
+            width = ref.table.dim
+            if dim is not None and width != dim:
+                raise ValidationError(f"{where}.tag: expected width {dim}, found {width}")
+            dim = width
+            continue
         for what, vec in [
             ("tag", emb.tag),
             *((f"fields[{k!r}]", v) for k, v in emb.fields.items()),

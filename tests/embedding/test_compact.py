@@ -268,3 +268,24 @@ def test_store_round_trip_of_compact_vectors(tmp_path) -> None:
         assert torch.equal(a.tag, b.tag) and sorted(a.fields) == sorted(b.fields)
         assert all(torch.equal(a.fields[k], b.fields[k]) for k in a.fields)
     assert before[0].association and repr(before) == repr(after)  # same answers and scores
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_store_blob_of_a_compact_embedding_is_its_dense_blob(seed: int) -> None:
+    from soulmem_torch.store.codec import decode_embedding, encode_embedding
+    from soulmem_torch.store.rows import validate_embeddings
+
+    embs = _sparse_embeddings(seed)
+    embs[1] = MemoryEmbedding(tag=torch.randn(256), fields={})  # a dense-layout blob
+    packed = pack_embeddings(embs, 256)
+    assert packed is not None
+    assert validate_embeddings(packed) == 256
+    for p in packed:
+        if p is None:
+            continue
+        dense = MemoryEmbedding(tag=p.tag, fields=p.fields)
+        blob = encode_embedding(p)
+        assert blob == encode_embedding(dense)
+        back = decode_embedding(blob)  # the store keeps fields in FIELD_NAMES order
+        assert torch.equal(back.tag, dense.tag) and sorted(back.fields) == sorted(dense.fields)
+        assert all(torch.equal(back.fields[k], v) for k, v in dense.fields.items())
