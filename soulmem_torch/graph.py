@@ -30,6 +30,12 @@ key                    shape/dtype     meaning
 ``retrieval_count``    (N,) i64        the note's own retrieval count
 =====================  ==============  ============================================================
 
+When the vectors are sparse (the offline embedder's hashed features; docs/spec.md §3, DECISION
+"compact raw vectors") a snapshot built from a cluster holds ``tag_emb`` and ``field_rows`` as
+:class:`~soulmem_torch.functional.sparse_rows.SparseRows` (outside PyG's storage:
+:attr:`MemoryGraph.tag_table` / :attr:`MemoryGraph.field_table` read them as held); the two
+attributes then read as dense copies made on each read, and assigning one replaces the table.
+
 ``field_emb`` (N, F, D) and ``field_mask`` (N, F) — the dense block in ``FIELD_NAMES`` order,
 zeros where absent — are compatibility views: materialized from the compact layout on each
 read (never cached, never used by a kernel); assigning a dense block compacts it.
