@@ -234,13 +234,27 @@ def _live_bytes(bank: Any) -> dict[str, int]:
                 stack.extend(getattr(value, f) for f in value.__dataclass_fields__ if f != "graphs")
         return total
 
+    from soulmem_torch.embedding.compact import compact_ref
+
     agents = bank.agents()
     mems = [bank.agent(a) for a in agents]
-    vectors = count(
-        [[e.embedding.tag, list(e.embedding.fields.values())]
-         for m in mems for e in m.cluster if e.embedding is not None]
-    )  # fmt: skip
-    snapshots = count([[v for _, v in bank.graph(a)] for a in agents])
+    held: list[Any] = []
+    tables: dict[int, Any] = {}
+    for m in mems:
+        for e in m.cluster:
+            if e.embedding is None:
+                continue
+            ref = compact_ref(e.embedding)
+            if ref is not None:  # compact: the table, not the dense copies a read makes
+                tables.setdefault(id(ref.table), ref.table)
+            else:
+                held.append([e.embedding.tag, list(e.embedding.fields.values())])
+    held.extend([t.tag, t.rows, t.pos] for t in tables.values())
+    vectors = count(held)
+    graphs = [bank.graph(a) for a in agents]
+    snapshots = count(
+        [[v for _, v in g] + list((g.__dict__.get("_raw") or {}).values()) for g in graphs]
+    )
     snapshot_caches = count([list(bank.graph(a).cache.values()) for a in agents])
     union = bank.union()
     return {

@@ -30,6 +30,12 @@ key                    shape/dtype     meaning
 ``retrieval_count``    (N,) i64        the note's own retrieval count
 =====================  ==============  ============================================================
 
+When the vectors are sparse (the offline embedder's hashed features; docs/spec.md §3, DECISION
+"compact raw vectors") a snapshot built from a cluster holds ``tag_emb`` and ``field_rows`` as
+:class:`~soulmem_torch.functional.sparse_rows.SparseRows` (outside PyG's storage:
+:attr:`MemoryGraph.tag_table` / :attr:`MemoryGraph.field_table` read them as held); the two
+attributes then read as dense copies made on each read, and assigning one replaces the table.
+
 ``field_emb`` (N, F, D) and ``field_mask`` (N, F) — the dense block in ``FIELD_NAMES`` order,
 zeros where absent — are compatibility views: materialized from the compact layout on each
 read (never cached, never used by a kernel); assigning a dense block compacts it.
@@ -64,6 +70,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from soulmem_torch.device import resolve_device
+from soulmem_torch.embedding.compact import stack_sparse_tables
 from soulmem_torch.embedding.fields import (
     FIELD_NAMES,
     compact_to_dense,
@@ -81,6 +88,7 @@ from soulmem_torch.functional.codes import (
     NODE_SEMANTIC,
     NODE_SPECIFIC,
 )
+from soulmem_torch.functional.sparse_rows import SparseRows
 from soulmem_torch.model.ids import LinkId, MemoryId
 from soulmem_torch.model.links import (
     AbstractToSpecific,
@@ -113,6 +121,7 @@ _LINK_CODES: dict[type, int] = {
 _NODE_CODE_SET = (NODE_SEMANTIC, NODE_SPECIFIC, NODE_ABSTRACT, NODE_PROCEDURE)
 _LINK_CODE_SET = (LINK_PROC, LINK_SEM, LINK_SIT_ABSTRACT_TO_SPECIFIC, LINK_SIT_SPECIFIC_TO_ABSTRACT)
 _OPTIONAL_KEYS = frozenset({"tag_emb", "tag_mask", "field_rows", "field_pos"})
+_RAW_KEYS = frozenset({"tag_emb", "field_rows"})
 
 
 # -------------------------------------------------------------------------------------------
@@ -269,11 +278,62 @@ class MemoryGraph(Data):
 
     # -- optional tensors read as None ---------------------------------------------------
     def __getattr__(self, key: str) -> Any:
+        if key in _RAW_KEYS:
+            raw = self.__dict__.get("_raw")
+            if raw is not None and key in raw:  # held sparse: a dense copy on each read
+                return raw[key].to_dense()
         if key in _OPTIONAL_KEYS:
             store = self.__dict__.get("_store")
             if store is not None and key not in store:
                 return None
         return super().__getattr__(key)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key in _RAW_KEYS:
+            self._drop_raw(key)
+        super().__setattr__(key, value)
+
+    def _drop_raw(self, key: str) -> None:
+        raw = self.__dict__.get("_raw")
+        if raw is not None and key in raw:  # copied: copies of this snapshot keep theirs
+            rest = {k: v for k, v in raw.items() if k != key}
+            self.__dict__["_raw"] = rest or None
+
+    # -- the raw tables as held ----------------------------------------------------------
+    @property
+    def tag_table(self) -> Tensor | SparseRows | None:
+        """``tag_emb`` as the snapshot holds it, never copied: a dense ``(N, D)`` tensor or,
+        for sparse vectors (docs/spec.md §3, DECISION "compact raw vectors"), a
+        :class:`~soulmem_torch.functional.sparse_rows.SparseRows` of the same values."""
+        raw = self.__dict__.get("_raw")
+        if raw is not None and "tag_emb" in raw:
+            return raw["tag_emb"]  # type: ignore[no-any-return]
+        return self.tag_emb  # type: ignore[no-any-return]
+
+    @property
+    def field_table(self) -> Tensor | SparseRows | None:
+        """``field_rows`` as the snapshot holds it (dense or :class:`SparseRows`, see
+        :attr:`tag_table`)."""
+        raw = self.__dict__.get("_raw")
+        if raw is not None and "field_rows" in raw:
+            return raw["field_rows"]  # type: ignore[no-any-return]
+        return self.field_rows  # type: ignore[no-any-return]
+
+    def _set_compact(
+        self, tag: SparseRows, tag_mask: Tensor, rows: SparseRows, field_pos: Tensor
+    ) -> None:
+        """Holds the raw tables sparse (``tag_emb`` / ``field_rows`` read as dense copies)."""
+        self._store.tag_mask = tag_mask
+        self._store.field_pos = field_pos
+        self.__dict__["_raw"] = {"tag_emb": tag, "field_rows": rows}
+
+    def _densify(self) -> None:
+        """The raw tables as dense tensors in PyG's storage (before an ``apply``)."""
+        raw = self.__dict__.get("_raw")
+        if raw:
+            for key, table in raw.items():
+                self._store[key] = table.to_dense()
+            self.__dict__["_raw"] = None
 
     # -- the dense field block: a compatibility view of the compact layout ------------------
     @property
@@ -291,6 +351,7 @@ class MemoryGraph(Data):
     @field_emb.setter
     def field_emb(self, value: Tensor | None) -> None:
         self._m.cache.clear()
+        self._drop_raw("field_rows")
         if value is None:
             for key in ("field_rows", "field_pos"):
                 if key in self._store:
@@ -317,6 +378,7 @@ class MemoryGraph(Data):
         if dense is None:
             return
         rows, index = dense_to_compact(dense, value.to(dense.device))
+        self._drop_raw("field_rows")
         self._store.field_rows, self._store.field_pos = rows, index
 
     @property
@@ -410,6 +472,7 @@ class MemoryGraph(Data):
     def apply(self, func: Any, *args: str) -> MemoryGraph:
         """PyG's in-place ``apply``; also empties :attr:`cache` (its contents may be stale)."""
         self._m.cache.clear()
+        self._densify()
         return super().apply(func, *args)
 
     def to(
@@ -424,6 +487,9 @@ class MemoryGraph(Data):
             return self
         out = copy.copy(self)
         Data.to(out, dev, *args, non_blocking=non_blocking)
+        raw = out.__dict__.get("_raw")
+        if raw:
+            out.__dict__["_raw"] = {k: v.to(dev) for k, v in raw.items()}
         return out
 
     def cpu(self, *args: str) -> MemoryGraph:
@@ -532,11 +598,14 @@ class MemoryGraph(Data):
 
         embeddings = [item.embedding for item in items]
         tag_emb = tag_mask = field_rows = field_pos = None
+        sparse = None
         if any(e is not None for e in embeddings):
-            dim = next(e.dim for e in embeddings if e is not None)
-            tag_emb, tag_mask, field_rows, field_pos = stack_compact_field_embeddings(
-                embeddings, dim
-            )
+            dim = cluster.embedding_dim or next(e.dim for e in embeddings if e is not None)
+            sparse = stack_sparse_tables(embeddings, dim)
+            if sparse is None:
+                tag_emb, tag_mask, field_rows, field_pos = stack_compact_field_embeddings(
+                    embeddings, dim
+                )
 
         graph = cls.from_tensors(
             edge_index,
@@ -558,7 +627,10 @@ class MemoryGraph(Data):
             check_finite=tag_emb is None,  # the stacking checked the tables
         )
         graph._m.shared.index_of = index_of
-        if tag_emb is not None:  # the notes' vectors become views of the snapshot's tables
+        if sparse is not None:  # held sparse; the notes read their vectors from these tables
+            graph._set_compact(*sparse)
+            cluster.share_vectors(version, ids, sparse[0], sparse[2], sparse[3])
+        elif tag_emb is not None:  # the notes' vectors become views of the snapshot's tables
             cluster.share_vectors(version, ids, graph.tag_emb, graph.field_rows, graph.field_pos)
         return graph
 

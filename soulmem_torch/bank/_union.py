@@ -124,8 +124,8 @@ class UnionSnapshot:
             return None
         d = self.tag_dim
         return torch.cat(
-            [g.tag_emb if g.tag_emb is not None else torch.zeros(int(g.num_nodes), d)
-             for g in self.graphs] or [torch.zeros(0, d)]
+            [t if t is not None else torch.zeros(int(g.num_nodes), d)
+             for g, t in ((g, g.tag_emb) for g in self.graphs)] or [torch.zeros(0, d)]
         ).to(self.device)  # fmt: skip
 
     @property
@@ -162,11 +162,11 @@ def _agent_note_side(g: Any, d: int, device: torch.device) -> Any:
     from soulmem_torch.functional.similarity import note_side_compact
 
     n = int(g.num_nodes)
-    if g.tag_emb is not None and g.field_rows is not None:
+    if g.tag_table is not None and g.field_table is not None:
         notes = cached_note_side(g, cache=False)
         return notes.to(device)
-    tag = g.tag_emb if g.tag_emb is not None else torch.zeros(n, d)
-    mask = g.tag_mask if g.tag_emb is not None else torch.zeros(n, dtype=torch.bool)
+    tag = g.tag_table if g.tag_table is not None else torch.zeros(n, d)
+    mask = g.tag_mask if g.tag_table is not None else torch.zeros(n, dtype=torch.bool)
     pos = torch.full((n, len(FIELD_NAMES)), -1, dtype=torch.int32)
     return note_side_compact(tag, mask, torch.zeros(0, d), pos, device=device)
 
@@ -182,29 +182,43 @@ def _union_note_side(
     from soulmem_torch.functional.similarity import note_side_compact
 
     f = len(FIELD_NAMES)
+    field_tables = [g.field_table for g in graphs]
     counts = torch.tensor(
-        [int(g.field_rows.shape[0]) if g.field_rows is not None else 0 for g in graphs],
-        dtype=_I64,
+        [int(t.shape[0]) if t is not None else 0 for t in field_tables], dtype=_I64
     )
     row_ptr = torch.zeros(len(graphs) + 1, dtype=_I64)
     torch.cumsum(counts, 0, out=row_ptr[1:])
-    rows = torch.cat([g.field_rows for g in graphs if g.field_rows is not None])
+    rows = _raw_cat([t for t in field_tables if t is not None], d)
     pos = torch.cat(
         [g.field_pos.to(_I64) if g.field_pos is not None
          else torch.full((int(g.num_nodes), f), -1, dtype=_I64) for g in graphs]
     )  # fmt: skip
     shift = torch.repeat_interleave(row_ptr[:-1], sizes).unsqueeze(1)
     pos = torch.where(pos >= 0, pos + shift, -1)
-    tag = torch.cat(
-        [g.tag_emb if g.tag_emb is not None else torch.zeros(int(g.num_nodes), d)
-         for g in graphs]
+    tag_tables = [g.tag_table for g in graphs]
+    tag = _raw_cat(
+        [t if t is not None else torch.zeros(int(g.num_nodes), d)
+         for g, t in zip(graphs, tag_tables)], d
     )  # fmt: skip
     mask = torch.cat(
-        [g.tag_mask if g.tag_emb is not None
-         else torch.zeros(int(g.num_nodes), dtype=torch.bool) for g in graphs]
+        [g.tag_mask if t is not None
+         else torch.zeros(int(g.num_nodes), dtype=torch.bool) for g, t in zip(graphs, tag_tables)]
     )  # fmt: skip
     notes = note_side_compact(tag, mask, rows, pos, device=device)
     return notes, row_ptr.to(device)
+
+
+def _raw_cat(parts: Sequence[Any], d: int) -> Any:
+    """The raw tables ``parts`` (dense and / or sparse) one after another: sparse when any
+    part is (dense parts converted), else one ``torch.cat``."""
+    from soulmem_torch.functional.sparse_rows import SparseRows
+
+    if any(isinstance(t, SparseRows) for t in parts):
+        return SparseRows.cat(
+            [t if isinstance(t, SparseRows) else SparseRows.from_dense(t.to(torch.float32))
+             for t in parts]
+        )  # fmt: skip
+    return torch.cat(parts) if parts else torch.zeros(0, d)
 
 
 def _join_note_sides(parts: list[Any], d: int, device: torch.device) -> tuple[Any, Tensor]:
@@ -312,7 +326,7 @@ def build_union(graphs: Sequence[Any], device: torch.device) -> UnionSnapshot:
     def edge_attr(name: str, dtype: torch.dtype) -> Tensor:
         return _cat([getattr(g, name) for g in graphs], torch.zeros(0, dtype=dtype))
 
-    dims = {int(g.tag_emb.shape[1]) for g in graphs if g.tag_emb is not None}
+    dims = {int(t.shape[1]) for t in (g.tag_table for g in graphs) if t is not None}
     if len(dims) > 1:
         raise ValidationError(
             f"agents: expected one embedding width across the bank, found widths {sorted(dims)}"
@@ -325,7 +339,7 @@ def build_union(graphs: Sequence[Any], device: torch.device) -> UnionSnapshot:
             [g.tag_mask if g.tag_mask is not None
              else torch.zeros(int(g.num_nodes), dtype=torch.bool) for g in graphs]
         ).to(device)  # fmt: skip
-        if any(g.field_rows is not None for g in graphs):
+        if any(g.field_table is not None for g in graphs):
             notes, row_ptr = _union_note_side(graphs, sizes, d, device)
     agent = agent.to(device)
 
@@ -367,11 +381,12 @@ def splice_union(
         return None
     for p in fresh:
         g = graphs[p]
-        if (g.tag_emb is None) != (old.tag_dim is None):
+        tag_table = g.tag_table
+        if (tag_table is None) != (old.tag_dim is None):
             return None
-        if g.tag_emb is not None and int(g.tag_emb.shape[-1]) != old.tag_dim:
+        if tag_table is not None and int(tag_table.shape[-1]) != old.tag_dim:
             return None
-        if (g.field_rows is None) != (old.notes is None):
+        if (g.field_table is None) != (old.notes is None):
             return None
     device = old.device
     sizes_l = [int(g.num_nodes) for g in graphs]
@@ -430,7 +445,7 @@ def splice_union(
         notes, run_ptr = _join_note_sides(note_parts, old.tag_dim, device)
         # agent row offsets: the first row of each agent's extent, in agent order
         counts = torch.tensor(
-            [int(g.field_rows.shape[0]) if g.field_rows is not None else 0 for g in graphs],
+            [int(t.shape[0]) if t is not None else 0 for t in (g.field_table for g in graphs)],
             dtype=_I64,
         )
         row_ptr = torch.zeros(a + 1, dtype=_I64)

@@ -164,10 +164,11 @@ class MemoryBank:
         if not isinstance(graph, MemoryGraph):
             raise ValidationError(f"graph: expected a MemoryGraph, found {type(graph).__name__}")
         width = getattr(self.embedder, "dim", None)
-        if graph.tag_emb is not None and width is not None and graph.tag_emb.shape[1] != width:
+        tag_table = graph.tag_table
+        if tag_table is not None and width is not None and tag_table.shape[1] != width:
             raise ValidationError(
                 f"graph: expected embeddings of width {width} (the bank's embedder), found "
-                f"width {graph.tag_emb.shape[1]}"
+                f"width {tag_table.shape[1]}"
             )
         self._register(agent_id, Agent(graph=graph.cpu()))
         return int(graph.num_nodes)

@@ -147,10 +147,14 @@ class MemoryEmbedding:
         # reached only for a missing attribute: the vectors of a deferred embedding (a store's
         # load, runtime/deferred.py), put in place on their first read
         if name in ("tag", "fields"):
-            pending = self.__dict__.get("_pending")
+            state = self.__dict__
+            compact = state.get("_compact")
+            if compact is not None:  # a compact embedding (embedding/compact.py): built on
+                return compact.value(name)  # each read, not kept
+            pending = state.get("_pending")
             if pending is not None:
                 pending.resolve(self)
-                return self.__dict__[name]
+                return state[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __getstate__(self) -> dict[str, Any]:  # copy / pickle: the vectors themselves

@@ -149,8 +149,13 @@ def cached_note_side(graph: Any, *, cache: bool = True) -> Any:
     from soulmem_torch.functional.similarity import note_side, note_side_compact
 
     store = getattr(graph, "cache", None)
-    tag_emb = getattr(graph, "tag_emb", None)
-    rows = getattr(graph, "field_rows", None)
+    # the tables as held (a snapshot's sparse raw tables are not made dense)
+    tag_emb = getattr(graph, "tag_table", None)
+    if tag_emb is None:
+        tag_emb = getattr(graph, "tag_emb", None)
+    rows = getattr(graph, "field_table", None)
+    if rows is None:
+        rows = getattr(graph, "field_rows", None)
     sources = (tag_emb, getattr(graph, "tag_mask", None), rows, getattr(graph, "field_pos", None))
     hit = store.get("similarity_note_side") if isinstance(store, dict) else None
     if hit is not None and all(a is b for a, b in zip(hit[0], sources)):

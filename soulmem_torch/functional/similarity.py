@@ -259,16 +259,21 @@ def _normalized_table(
     x = x.to(device, torch.float32)
     p, d = int(x.shape[0]), int(x.shape[1])
     big = p * d >= SPARSE_MIN_CELLS
-    if big and int(torch.count_nonzero(x)) <= SPARSE_MAX_DENSITY * p * d:
+    sparse_in = isinstance(x, SparseRows)  # raw vectors held sparse: a dense block at a time
+    nnz = x.nnz if sparse_in else (int(torch.count_nonzero(x)) if big else 0)
+    if big and nnz <= SPARSE_MAX_DENSITY * p * d:
         step = max(1, (1 << 22) // d)
         parts = []
         for lo in range(0, p, step):
-            block = normalize_rows(x[lo : lo + step])
+            raw = x.narrow(lo, min(lo + step, p)).to_dense() if sparse_in else x[lo : lo + step]
+            block = normalize_rows(raw)
             if keep is not None:
                 block *= keep[lo : lo + step].unsqueeze(-1)
             parts.append(SparseRows.from_dense(block))
         table = SparseRows.cat(parts)
         return table.with_zero_row() if zero_row else table
+    if sparse_in:
+        x = x.to_dense()  # small or dense: the dense table's own kernels
     out = torch.zeros(p + int(zero_row), d, dtype=torch.float32, device=device)
     if p:  # normalize_rows written straight into the table (no second copy)
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
@@ -580,19 +585,25 @@ def note_side_compact(
     """
     device = tag_emb.device if device is None else torch.device(device)
     p, d = int(field_rows.shape[0]), int(tag_emb.shape[-1])
-    if field_rows.dim() != 2 or (p and int(field_rows.shape[1]) != d):
+    if len(field_rows.shape) != 2 or (p and int(field_rows.shape[1]) != d):
         raise ValidationError(
             f"field_rows: expected shape (P, {d}) (the width of tag_emb), found "
             f"{tuple(field_rows.shape)}"
         )
-    rows = _normalized_table(field_rows.reshape(p, d), device, zero_row=True)
+    if not isinstance(field_rows, SparseRows):
+        field_rows = field_rows.reshape(p, d)
+    rows = _normalized_table(field_rows, device, zero_row=True)
     index = field_pos.to(device, torch.int64)
     mask = index >= 0
     index = torch.where(mask, index, p)
     has_emb = tag_mask.to(device)
     tag = tag_emb.to(device, torch.float32)
     tn = _normalized_table(tag, device, zero_row=False, keep=has_emb)
-    no_tag = ~((tag != 0).any(dim=-1) & has_emb)
+    if isinstance(tag, SparseRows):  # held sparse: a row is non-zero iff it has cells
+        nonzero = tag.crow[1:] > tag.crow[:-1]
+    else:
+        nonzero = (tag != 0).any(dim=-1)
+    no_tag = ~(nonzero & has_emb)
     return NoteSide(rows, index, mask, tn, no_tag, has_emb)
 
 

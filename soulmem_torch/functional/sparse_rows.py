@@ -86,10 +86,11 @@ class SparseRows:
         counts, cols, vals = [], [], []
         for lo in range(0, p, step):
             block = x[lo : lo + step]
-            nz = block != 0
-            counts.append(nz.sum(dim=1))
-            cols.append(nz.nonzero()[:, 1])
-            vals.append(block[nz])
+            at = block.nonzero()  # one pass: the non-zero cells in row-major order
+            row, c = at[:, 0], at[:, 1]
+            counts.append(torch.bincount(row, minlength=int(block.shape[0])))
+            cols.append(c)
+            vals.append(block[row, c])
         counts_t = torch.cat(counts) if counts else x.new_zeros(0, dtype=torch.int64)
         col = torch.cat(cols) if cols else x.new_zeros(0, dtype=torch.int64)
         val = torch.cat(vals) if vals else x.new_zeros(0)

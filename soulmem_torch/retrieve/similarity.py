@@ -142,8 +142,22 @@ def _concat(batches: Sequence[Any]) -> Any:
     )
 
 
+def _plain_vectors(graph: MemoryGraph) -> Tensor | None:
+    """The notes' plain vectors ``(N, D)``: the snapshot's ``tag_emb``; when it holds them
+    sparse (docs/spec.md §3, "compact raw vectors") one dense copy, made on the first plain
+    query and cached on the snapshot (the plain cosine's dense kernel, the same bits)."""
+    table = getattr(graph, "tag_table", None)
+    if table is None or isinstance(table, Tensor):
+        return getattr(graph, "tag_emb", None) if table is None else table
+    cache = graph.cache
+    dense = cache.get("plain_tag_dense")
+    if dense is None or dense[0] is not table:
+        dense = cache["plain_tag_dense"] = (table, table.to_dense())
+    return dense[1]  # type: ignore[no-any-return]
+
+
 def _plain_scores(graph: MemoryGraph, queries: Sequence[Any], embedder: Any) -> Tensor:
-    x = getattr(graph, "tag_emb", None)
+    x = _plain_vectors(graph)
     if x is None:
         raise ValidationError("working_memory: plain queries need notes with embeddings")
     texts = [q for q in queries if isinstance(q, str)]

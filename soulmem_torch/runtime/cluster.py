@@ -56,8 +56,15 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from soulmem_torch.embedding.compact import (
+    CompactVectors,
+    compact_ref,
+    pack_embeddings,
+    share_tables,
+)
 from soulmem_torch.embedding.fields import FIELD_INDEX, EmbeddedMemoryNote, MemoryEmbedding
 from soulmem_torch.errors import NotFoundError, ValidationError
+from soulmem_torch.functional.sparse_rows import SparseRows
 from soulmem_torch.model.ids import LinkId, MemoryId
 from soulmem_torch.model.links import MemoryLink
 from soulmem_torch.model.notes import MemoryNote
@@ -513,6 +520,9 @@ class MemoryCluster:
                         seen.add(nid)
                         if emb is not None and len(seen) != before:
                             width = untouched(emb)  # a load's, as its decoder checked it
+                            if width is None:  # a compact one's: its table was checked
+                                ref = compact_ref(emb)
+                                width = None if ref is None else ref.table.dim
                             if width is not None and (dim is None or width == dim):
                                 dim = width
                             else:
@@ -522,6 +532,8 @@ class MemoryCluster:
                 _raise_non_finite(checked)  # an earlier note's NaN is reported first
                 raise
             _raise_non_finite(checked)
+            if dim is not None and len(prepared) > 1:
+                prepared = self._packed(prepared, dim)
 
             added, changed = self._insert_all(prepared, links_after_nodes, dim)
             if links_after_nodes:
@@ -534,6 +546,19 @@ class MemoryCluster:
             if changed:
                 self._touch()
             return added
+
+    @staticmethod
+    def _packed(
+        prepared: list[tuple[MemoryNote, MemoryEmbedding | None]], dim: int
+    ) -> list[tuple[MemoryNote, MemoryEmbedding | None]]:
+        """The batch's sparse float32 CPU vectors packed into one compact table
+        (embedding/compact.py, docs/spec.md §3 DECISION "compact raw vectors"): the notes
+        hold compact embeddings, not the caller's dense buffers. Unchanged when the vectors
+        do not qualify (dense, narrow, another dtype or device, a store's deferred ones)."""
+        packed = pack_embeddings([e for _, e in prepared], dim)
+        if packed is None:
+            return prepared
+        return [(note, emb) for (note, _), emb in zip(prepared, packed)]
 
     def _insert_all(
         self,
@@ -675,6 +700,17 @@ class MemoryCluster:
         with self._lock:
             if version != self.version:
                 return False
+            if isinstance(tag_emb, SparseRows):  # sparse tables: compact embeddings of them
+                assert isinstance(field_rows, SparseRows) and field_pos is not None
+                nodes = self._nodes
+                items = [nodes.get(mid) for mid in ids]
+                table = _table_of(items, tag_emb, field_rows, field_pos)
+                for item, emb in zip(items, share_tables(table, [
+                    None if item is None else item.embedding for item in items
+                ])):  # fmt: skip
+                    if item is not None and emb is not None:
+                        item.embedding = emb
+                return True
             pos = field_pos.tolist() if field_pos is not None else None
             # every row view made in one call each (not one indexing per vector)
             tag_views = tag_emb.unbind(0)
@@ -875,6 +911,23 @@ class MemoryCluster:
                         self._merge_link(source, link)
                     return True
         return False
+
+
+def _table_of(
+    items: Sequence[EmbeddedMemoryNote | None],
+    tag: SparseRows,
+    rows: SparseRows,
+    pos: torch.Tensor,
+) -> CompactVectors:
+    """The notes' own table when the snapshot took its tables as they were (nothing to
+    re-point), else a new one of the snapshot's tables."""
+    for item in items:
+        if item is not None and item.embedding is not None:
+            ref = compact_ref(item.embedding)
+            if ref is not None and ref.table.tag is tag and ref.table.rows is rows:
+                return ref.table
+            break
+    return CompactVectors(tag, rows, pos)
 
 
 _new_object = object.__new__

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from soulmem_torch.embedding.compact import compact_ref
 from soulmem_torch.embedding.fields import FIELD_INDEX, FIELD_NAMES, MemoryEmbedding
 from soulmem_torch.runtime.cluster import mark_finite
 from soulmem_torch.runtime.deferred import DecodedVectors, deferred_embedding
@@ -147,8 +148,12 @@ def first_bad_note_row(agent: str, rows: Sequence[Sequence[Any]]) -> int | None:
 def encode_embedding(emb: MemoryEmbedding) -> bytes:
     """The blob of one (validated) embedding: the tag and the present fields, sparse when
     that is smaller (the nonzero bit patterns and their flat positions), else dense."""
-    names = sorted(emb.fields, key=FIELD_INDEX.__getitem__)
-    vectors = [emb.tag.detach(), *(emb.fields[n].detach() for n in names)]
+    ref = compact_ref(emb)
+    if ref is not None:
+        return _encode_compact(ref)
+    fields = emb.fields  # read once (a compact embedding builds them on each read)
+    names = sorted(fields, key=FIELD_INDEX.__getitem__)
+    vectors = [emb.tag.detach(), *(fields[n].detach() for n in names)]
     dtype = vectors[0].dtype
     for v in vectors[1:]:
         dtype = torch.promote_types(dtype, v.dtype)
@@ -171,6 +176,43 @@ def encode_embedding(emb: MemoryEmbedding) -> bytes:
     if not sparse:
         return header + little.tobytes()
     return header + where.astype(index_type).tobytes() + little[where].tobytes()
+
+
+def _encode_compact(ref: Any) -> bytes:
+    """:func:`encode_embedding` of a compact embedding (embedding/compact.py) read off its
+    table's cells without a dense copy: the same bytes (its cells are its non-zero values)."""
+    table = ref.table
+    t_crow, t_col, t_val, r_crow, r_col, r_val, pos = table.arrays()
+    names = sorted(ref.names, key=FIELD_INDEX.__getitem__)
+    dim = table.dim
+    i = ref.index
+    row = pos[i]
+    mask = 0
+    lo, hi = int(t_crow[i]), int(t_crow[i + 1])
+    cols = [t_col[lo:hi].astype(np.int64)]
+    vals = [t_val[lo:hi]]
+    for k, n in enumerate(names, start=1):
+        j = FIELD_INDEX[n]
+        mask |= 1 << j
+        r = int(row[j])
+        lo, hi = int(r_crow[r]), int(r_crow[r + 1])
+        cols.append(r_col[lo:hi].astype(np.int64) + k * dim)
+        vals.append(r_val[lo:hi])
+    where = np.concatenate(cols)
+    little = np.concatenate(vals).view(np.int32).astype(np.dtype("<i4"), copy=False)
+    code = _CODES[torch.float32]
+    size = (1 + len(names)) * dim
+    itemsize = _ITEMSIZE[code]
+    index_type = np.dtype("<u2") if size <= 0xFFFF else np.dtype("<u4")
+    sparse = where.size * (index_type.itemsize + itemsize) < size * itemsize
+    layout = (_SPARSE16 if index_type.itemsize == 2 else _SPARSE32) if sparse else _DENSE
+    header = _EMB_HEADER.pack(_EMB_MAGIC, 2, code, dim, mask, layout,
+                              int(where.size if sparse else size))  # fmt: skip
+    if not sparse:
+        dense = np.zeros(size, dtype=np.dtype("<i4"))
+        dense[where] = little
+        return header + dense.tobytes()
+    return header + where.astype(index_type).tobytes() + little.tobytes()
 
 
 def decode_embedding(blob: bytes) -> MemoryEmbedding:

@@ -14,6 +14,7 @@ import pydantic
 import torch
 
 from soulmem_torch import __version__
+from soulmem_torch.embedding.compact import compact_ref
 from soulmem_torch.embedding.fields import FIELD_NAMES, MemoryEmbedding
 from soulmem_torch.embedding.identity import EmbedderIdentity
 from soulmem_torch.errors import StoreError, ValidationError
@@ -114,6 +115,13 @@ def validate_embeddings(embeddings: Sequence[MemoryEmbedding | None]) -> int | N
                 f"embeddings[{i}]: expected a MemoryEmbedding or None, found {type(emb).__name__}"
             )
         where = f"embeddings[{i}]"
+        ref = compact_ref(emb)
+        if ref is not None:  # compact: its table was checked when packed (widths, finite)
+            width = ref.table.dim
+            if dim is not None and width != dim:
+                raise ValidationError(f"{where}.tag: expected width {dim}, found {width}")
+            dim = width
+            continue
         for what, vec in [
             ("tag", emb.tag),
             *((f"fields[{k!r}]", v) for k, v in emb.fields.items()),
@@ -126,6 +134,11 @@ def validate_embeddings(embeddings: Sequence[MemoryEmbedding | None]) -> int | N
         if dim is None:
             dim = int(emb.tag.shape[0])
     return dim
+
+
+def _width(embedding: MemoryEmbedding) -> int:
+    ref = compact_ref(embedding)
+    return ref.table.dim if ref is not None else embedding.dim
 
 
 def layout_of(embeddings: Sequence[MemoryEmbedding | None]) -> dict[str, Any] | None:
@@ -146,12 +159,17 @@ def layout_of(embeddings: Sequence[MemoryEmbedding | None]) -> dict[str, Any] | 
                 dtype = source.dtype if dtype is None else torch.promote_types(dtype, source.dtype)
             names.update(fields)
             continue
+        ref = compact_ref(e)
+        if ref is not None:  # a compact one's: float32, its field names (nothing built)
+            dtype = torch.float32 if dtype is None else torch.promote_types(dtype, torch.float32)
+            names.update(ref.names)
+            continue
         for v in (e.tag, *e.fields.values()):
             if v.dtype != dtype:
                 dtype = v.dtype if dtype is None else torch.promote_types(dtype, v.dtype)
         names.update(e.fields)
     return {
-        "dim": int(first[0].dim if first is not None else present[0].dim),
+        "dim": int(first[0].dim if first is not None else _width(present[0])),
         "dtype": str(dtype).removeprefix("torch."),
         "fields": [n for n in FIELD_NAMES if n in names],
         "count": len(present),
