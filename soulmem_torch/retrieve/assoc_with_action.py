@@ -23,6 +23,7 @@ __all__ = [
     "AssociateWithActionResult",
     "RetrAssociateWithAction",
     "associate_with_action",
+    "situation_weights",
 ]
 
 if TYPE_CHECKING:
@@ -63,7 +64,25 @@ def associate_with_action(
     present = ok.unsqueeze(0).expand_as(scores)
     memory = topk_lists(graph, scores, present, assoc.top_k) if memory_lists else []
     selected = topk_mask(scores, present, assoc.top_k)
+    soft, kept = situation_weights(graph, weights, keys, scores, selected, ok, config)
+    actions = bayes_actions(graph, soft, kept, config.action_top_k)
+    return memory, actions, scores, selected
 
+
+def situation_weights(
+    graph: MemoryGraph,
+    weights: Tensor,
+    keys: Tensor,
+    scores: Tensor,
+    selected: Tensor,
+    ok: Tensor,
+    config: AssociateWithActionConfig,
+) -> tuple[Tensor, Tensor]:
+    """The sources of BayesAction, ``(weights (N, B) float64, kept (N, B) bool)``: the seeds
+    (``weights`` / ``keys``) and the PPR top-k (``scores`` where ``selected``) merged (max per
+    note), only Situation notes with a score > 0 kept (``ok``: the columns PPR ran for),
+    abstract ones multiplied by ``abstract_source_priority``, turned into weights by a
+    max-subtracted softmax per column."""
     neg_inf = torch.full_like(scores, float("-inf"))
     seeds = torch.where(keys, weights, neg_inf)
     ppr = torch.where(selected, scores, neg_inf)
@@ -77,8 +96,7 @@ def associate_with_action(
     e = torch.where(kept, torch.exp(w - col_max), torch.zeros_like(w))
     total = e.sum(dim=0, keepdim=True)
     soft = torch.where(total > 0, e / torch.where(total > 0, total, 1.0), e)
-    actions = bayes_actions(graph, soft, kept, config.action_top_k)
-    return memory, actions, scores, selected
+    return soft, kept
 
 
 class RetrAssociateWithAction:
