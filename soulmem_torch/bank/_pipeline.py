@@ -34,7 +34,7 @@ from soulmem_torch.bank._union import (
     structured_similarity,
 )
 from soulmem_torch.errors import ValidationError
-from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SPECIFIC
+from soulmem_torch.retrieve.assoc_with_action import situation_softmax
 from soulmem_torch.retrieve.similarity import is_plain_query, structured_batch
 from soulmem_torch.retrieve.stages import run_stages
 
@@ -318,27 +318,20 @@ class UnionBackend:
         *,
         rank: bool,
     ) -> tuple[Tensor, Tensor]:
-        """Situation weights (a max-subtracted softmax over the merged seeds and PPR top-k of
-        each row) → BayesAction on the agents' Proc links (:func:`candidate_bayes`)."""
+        """Situation weights (``situation_softmax`` of the retrieve layer, per row, over the
+        merged seeds and PPR top-k) → BayesAction on the agents' Proc links
+        (:func:`candidate_bayes`)."""
         neg_inf = torch.full_like(ppr, float("-inf"))
-        if rank:
-            # seeds score > 0 (relative_seeds) and PPR >= 0: the max merge, with 0 instead of
-            # -inf off both sets — the same kept notes and weights below (merged > 0 decides)
-            merged = torch.maximum(seed_weights, ppr * selected)
-        else:
-            merged = torch.maximum(
-                torch.where(seeds, seed_weights, neg_inf), torch.where(selected, ppr, neg_inf)
-            )
-        ntype = self.union.node_type[self.index]
-        situation = (ntype == NODE_SPECIFIC) | (ntype == NODE_ABSTRACT)
-        kept = situation & (merged > 0) & ok.unsqueeze(1) & self.valid
-        w = torch.where(ntype == NODE_ABSTRACT, merged * config.abstract_source_priority, merged)
-        w = torch.where(kept, w, neg_inf)
-        row_max = w.max(dim=1, keepdim=True).values if self.m else w[:, :1]
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-        e = torch.exp(w - row_max)  # exactly 0 where not kept (w = -inf there, row_max finite)
-        total = e.sum(dim=1, keepdim=True)
-        soft = e / torch.where(total > 0, total, 1.0)  # a row without kept notes stays 0
+        merged = torch.maximum(
+            torch.where(seeds, seed_weights, neg_inf), torch.where(selected, ppr, neg_inf)
+        )
+        soft, kept = situation_softmax(
+            merged,
+            self.union.node_type[self.index],
+            ok.unsqueeze(1) & self.valid,
+            config.abstract_source_priority,
+            dim=1,
+        )
         return candidate_bayes(self.union, self.agents, soft, kept)
 
 
