@@ -1,22 +1,19 @@
-"""The default pipeline over a :class:`~soulmem_torch.bank._union.UnionSnapshot`, as stages.
+"""The union backend of the default pipeline: :func:`soulmem_torch.retrieve.stages.run_stages`
+over a :class:`~soulmem_torch.bank._union.UnionSnapshot`.
 
-Every stage works on per-query candidate rows ``(B, M)`` (query ``b``'s agent's notes, padded
-to the largest agent of the batch, ``valid`` marking the real ones): short-term window →
-similarity (structured, string channel, or plain cosine) → seeds (relative cut for
-``fusion="rank"``, threshold + top-k for ``"max"``) → association (PPR on the union operator)
-→ situation weights → BayesAction → the memory list (reciprocal-rank fusion of the configured
-channels — seeds / similarity, whole-note text, graph, graph both ways (PPR on the union's
-undirected operator) — or the original's max merge). Each stage mirrors the
-retrieve layer (``retrieve/pipeline.py``, ``assoc_with_action.py``, ``propagation.py``,
-``functional/fusion.py``) on one agent's graph; a new channel drops in as one more ``(B, M)``
-tensor masked by ``valid``. Every ``DefaultPipelineConfig`` field is implemented here
-(tests/bank/test_bank.py changes each one and compares with a ``SoulMem`` per agent).
+The stages (short-term window, seeds, fusion, result lists) are written once, in
+``retrieve/stages.py``; here are the graph-dependent kernels on per-query candidate rows
+``(B, M)`` — query ``b``'s agent's notes, padded to the largest agent of the batch, ``valid``
+marking the real ones: similarity (structured, string channel, or plain cosine), the
+whole-note text and time channels, association (PPR on the union operator, directed and
+undirected) and BayesAction from the recalled situations. Every ``DefaultPipelineConfig``
+field works (tests/bank/test_bank.py changes each one and compares with a ``SoulMem`` per
+agent).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import itemgetter
 from typing import Any
 
 import torch
@@ -37,47 +34,13 @@ from soulmem_torch.bank._union import (
     structured_similarity,
 )
 from soulmem_torch.errors import ValidationError
-from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SPECIFIC
-from soulmem_torch.functional.fusion import ppr_start, rank_fusion, relative_seeds
-from soulmem_torch.functional.topk import stable_topk
-from soulmem_torch.retrieve.pipeline import channel_weights
+from soulmem_torch.retrieve.assoc_with_action import situation_softmax
 from soulmem_torch.retrieve.similarity import is_plain_query, structured_batch
+from soulmem_torch.retrieve.stages import run_stages
 
-__all__ = ["run_pipeline"]
+__all__ = ["UnionBackend", "run_pipeline"]
 
 _F64 = torch.float64
-
-
-def _topk(scores: Tensor, mask: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Stable top-k per row: ``(selected (B, M), values, index, valid)``."""
-    values, index, valid = stable_topk(scores, int(k), mask=mask)
-    selected = torch.zeros_like(mask)
-    selected.scatter_(1, index, valid)
-    return selected, values, index, valid
-
-
-def _lists(
-    ids: list[Any], idx: Tensor, *blocks: tuple[Tensor, Tensor, Tensor]
-) -> tuple[list[tuple[Any, float]], list[int]]:
-    """The ``(id, score)`` entries of several stable top-k's, each block ``(values, index,
-    valid)`` of shape ``(B, k_i)``: one flat list — row by row, within a row block by block, each
-    block's valid entries in order — and the end of every (row, block) run in it (``B ×
-    len(blocks)`` ends, row-major), so a row's list of a block is one slice of it.
-
-    ``ids``: every note's id by union node index (:func:`note_ids`); ``idx``: the candidate rows
-    (local index → union node). One gather, one boolean mask and one ``tolist`` per tensor for
-    the whole batch. Scores become Python floats through float64, exact for float32 values
-    (the same floats as their own ``tolist``)."""
-    values = torch.cat([v.to(_F64) for v, _, _ in blocks], dim=1)
-    index = idx.gather(1, torch.cat([i for _, i, _ in blocks], dim=1))
-    ok = torch.cat([k for _, _, k in blocks], dim=1)
-    ends = torch.stack([k.sum(dim=1) for _, _, k in blocks], dim=1).reshape(-1).cumsum(0)
-    nodes = index[ok].tolist()
-    if len(nodes) > 1:
-        found = itemgetter(*nodes)(ids)
-    else:
-        found = [ids[n] for n in nodes]
-    return list(zip(found, values[ok].tolist())), ends.tolist()
 
 
 def _plain_vectors(queries: Sequence[Any], embedder: Any, width: int, device: Any) -> Tensor:
@@ -274,6 +237,104 @@ def _association(
     return scores, ok, both
 
 
+class UnionBackend:
+    """The rows of a batch of (agent, query) pairs on the bank's union snapshot
+    (:class:`~soulmem_torch.retrieve.stages.PipelineBackend`)."""
+
+    def __init__(
+        self,
+        union: UnionSnapshot,
+        positions: Sequence[int],
+        queries: Sequence[Any],
+        memories: Sequence[Any],
+        *,
+        embedder: Any,
+        nows: Sequence[Any] | None,
+    ) -> None:
+        self.union = union
+        self.positions = positions
+        self.queries = queries
+        self.memories = memories
+        self.embedder = embedder
+        self.nows = nows
+        self.agents = torch.tensor(list(positions), dtype=torch.int64, device=union.device)
+        self.index, self.valid, self.m = candidates(union, self.agents)
+        self.ids = note_ids(union, positions)
+        self._ntype: Tensor | None = None
+
+    def similarity(self, weights: Any) -> Tensor:
+        return _similarity(
+            self.union,
+            self.positions,
+            self.queries,
+            self.memories,
+            self.embedder,
+            self.index,
+            self.valid,
+            weights,
+        )
+
+    def text(self) -> Tensor | None:
+        # an agent built from tensors has no note texts: its text row is 0, and a zero
+        # channel adds exactly nothing to the fused reciprocal ranks, so a batch of such
+        # agents leaves the channel out
+        if all(mem is None for mem in self.memories):
+            return None
+        return _text_channel(self.union, self.positions, self.queries, self.memories, self.m)
+
+    def time(self) -> Tensor | None:
+        if self.nows is None:
+            return None
+        from soulmem_torch.retrieve.text import query_strings
+        from soulmem_torch.retrieve.when import time_scores
+
+        union, idx, valid = self.union, self.index, self.valid
+        times = union.cache.get("create_time_ns")
+        if times is None:
+            times = union.cache["create_time_ns"] = torch.cat(
+                [g.create_time_ns.to(union.device) for g in union.graphs]
+                or [torch.zeros(0, dtype=torch.int64, device=union.device)]
+            )
+        note_t = torch.where(valid, times[idx.clamp(min=0, max=max(len(times) - 1, 0))], 0)
+        return time_scores(
+            note_t, [" ".join(query_strings(q)) for q in self.queries], list(self.nows), valid=valid
+        )
+
+    def association(
+        self, weights: Tensor, keys: Tensor, config: Any, *, undirected: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        return _association(
+            self.union, self.positions, self.agents, weights, keys, config, undirected=undirected
+        )
+
+    def actions(
+        self,
+        seed_weights: Tensor,
+        seeds: Tensor,
+        ppr: Tensor,
+        selected: Tensor,
+        ok: Tensor,
+        config: Any,
+        *,
+        rank: bool,
+    ) -> tuple[Tensor, Tensor]:
+        """Situation weights (``situation_softmax`` of the retrieve layer, per row, over the
+        merged seeds and PPR top-k) → BayesAction on the agents' Proc links
+        (:func:`candidate_bayes`)."""
+        neg_inf = torch.full_like(ppr, float("-inf"))
+        merged = torch.maximum(
+            torch.where(seeds, seed_weights, neg_inf), torch.where(selected, ppr, neg_inf)
+        )
+        soft, kept = situation_softmax(
+            merged,
+            self.union.node_type[self.index],
+            ok.unsqueeze(1) & self.valid,
+            config.abstract_source_priority,
+            dim=1,
+        )
+        return candidate_bayes(self.union, self.agents, soft, kept)
+
+
 @gc_paused()
 def run_pipeline(
     union: UnionSnapshot,
@@ -287,9 +348,10 @@ def run_pipeline(
     weights: Any = None,
     nows: Sequence[Any] | None = None,
 ) -> list[Any]:
-    """ShortOnly → Similarity → AssociateWithAction → merge for B (agent, query) pairs, with
-    the cyclic garbage collector held off (``soulmem_torch._gcpause.gc_paused``: the call builds
-    tens of thousands of short-lived result tuples).
+    """The default pipeline (:func:`~soulmem_torch.retrieve.stages.run_stages`) for B
+    (agent, query) pairs on the union, with the cyclic garbage collector held off
+    (``soulmem_torch._gcpause.gc_paused``: the call builds tens of thousands of short-lived
+    result tuples).
 
     Args:
         union: the bank's union snapshot.
@@ -304,158 +366,13 @@ def run_pipeline(
         nows: when each question is asked (aware datetimes or ``None``): the ``time``
             channel.
     """
-    from soulmem_torch.retrieve import DefaultPipelineResult
-    from soulmem_torch.retrieve.short_only import RetrShortOnly
     from soulmem_torch.retrieve.similarity import effective_weights
 
-    device = union.device
-    agents = torch.tensor(list(positions), dtype=torch.int64, device=device)
-    idx, valid, m = candidates(union, agents)
-
-    # stage 0: the short-term window of each agent
-    short_cfg = config.short_mem_with_history
-    windows: dict[int, Any] = {}  # once per agent, not per query
-    for mem in memories:
-        if mem is not None and id(mem) not in windows:
-            windows[id(mem)] = RetrShortOnly().retrieve(short_cfg.into_request(mem))
-    short = [windows[id(mem)] if mem is not None else ([], "") for mem in memories]
-
-    # stage 1: similarity on candidate rows
-    sim_cfg = config.similarity
-    weights = effective_weights(weights, sim_cfg)
-    sim = _similarity(union, positions, queries, memories, embedder, idx, valid, weights)
-    keep = torch.isfinite(sim) & (sim >= sim_cfg.similarity_threshold) & valid
-    sim_kept = torch.where(keep, sim, torch.zeros_like(sim))
-
-    # stage 2: seeds (top-k, or the relative cut of the rank fusion)
-    text = None
-    if (
-        config.fusion == "rank"
-        and "text" in config.channels
-        and any(mem is not None for mem in memories)
-    ):
-        # (an agent built from tensors has no note texts: its text row is 0, and a zero
-        # channel adds exactly nothing to the fused reciprocal ranks, so a batch of such
-        # agents leaves the channel out)
-        text = _text_channel(union, positions, queries, memories, m)
-    fused_seeds = config.fusion == "rank" and config.seed_source == "fused" and text is not None
-    if config.fusion == "rank":
-        first_stage = (
-            rank_fusion([sim_kept, text], k=config.rank_constant, mask=valid)
-            if fused_seeds
-            else sim_kept
-        )
-        chosen = relative_seeds(
-            first_stage,
-            ratio=config.seed_ratio,
-            max_seeds=sim_cfg.max_results,
-            threshold=0.0 if fused_seeds else sim_cfg.similarity_threshold,
-            mask=valid,
-        )
-    else:
-        chosen = _topk(sim, keep, sim_cfg.max_results)[0]
-    _, s_values, s_index, s_valid = _topk(sim, chosen, sim_cfg.max_results)
-    zero = torch.zeros((), dtype=_F64, device=device)
-    seed_w = torch.where(chosen, first_stage.to(_F64) if fused_seeds else sim.to(_F64), zero)
-
-    # stage 3: association (PPR) and its top-k
-    awa = config.assoc_with_action
-    assoc = awa.association
-    undirected = config.fusion == "rank" and "graph_undirected" in config.channels
-    source = (seed_w, chosen)
-    if config.fusion == "rank":
-        source = ppr_start(config.personalization, chosen, seed_w, first_stage, text, mask=valid)
-    ppr, ok, ppr_both = _association(
-        union, positions, agents, *source, assoc, undirected=undirected
+    backend = UnionBackend(union, positions, queries, memories, embedder=embedder, nows=nows)
+    return run_stages(
+        backend,
+        config,
+        memories=memories,
+        priorities=priorities,
+        weights=effective_weights(weights, config.similarity),
     )
-    present = ok.unsqueeze(1) & valid
-    ppr_selected = _topk(ppr, present, assoc.top_k)[0]
-
-    # stage 4: situation weights (max-subtracted softmax) and BayesAction
-    neg_inf = torch.full_like(ppr, float("-inf"))
-    if config.fusion == "rank":
-        # seeds score > 0 (relative_seeds) and PPR >= 0: the max merge, with 0 instead of
-        # -inf off both sets — the same kept notes and weights below (merged > 0 decides)
-        merged = torch.maximum(seed_w, ppr * ppr_selected)
-    else:
-        merged = torch.maximum(
-            torch.where(chosen, seed_w, neg_inf), torch.where(ppr_selected, ppr, neg_inf)
-        )
-    ntype = union.node_type[idx]
-    situation = (ntype == NODE_SPECIFIC) | (ntype == NODE_ABSTRACT)
-    kept = situation & (merged > 0) & ok.unsqueeze(1) & valid
-    w = torch.where(ntype == NODE_ABSTRACT, merged * awa.abstract_source_priority, merged)
-    w = torch.where(kept, w, neg_inf)
-    row_max = w.max(dim=1, keepdim=True).values if m else w[:, :1]
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    e = torch.exp(w - row_max)  # exactly 0 where not kept (w = -inf there, row_max finite)
-    total = e.sum(dim=1, keepdim=True)
-    soft = e / torch.where(total > 0, total, 1.0)  # a row without kept notes stays 0
-    act_scores, act_cand = candidate_bayes(union, agents, soft, kept)
-    _, a_values, a_index, a_valid = _topk(act_scores, act_cand, awa.action_top_k)
-
-    # stage 5: one memory list — reciprocal-rank fusion of the channels, or the max merge
-    if config.fusion == "rank":
-        channels = {
-            "similarity": sim_kept,
-            "seeds": sim_kept * chosen,  # finite: 0 off the seeds
-            "graph": ppr,
-        }
-        if text is not None:
-            channels["text"] = text
-        if "time" in config.channels and nows is not None:
-            from soulmem_torch.retrieve.text import query_strings
-            from soulmem_torch.retrieve.when import time_scores
-
-            times = union.cache.get("create_time_ns")
-            if times is None:
-                times = union.cache["create_time_ns"] = torch.cat(
-                    [g.create_time_ns.to(device) for g in union.graphs]
-                    or [torch.zeros(0, dtype=torch.int64, device=device)]
-                )
-            note_t = torch.where(valid, times[idx.clamp(min=0, max=max(len(times) - 1, 0))], 0)
-            channels["time"] = time_scores(
-                note_t, [" ".join(query_strings(q)) for q in queries], list(nows), valid=valid
-            )
-        if ppr_both is not None:  # computed with the directed PPR in stage 3
-            channels["graph_undirected"] = ppr_both
-        names = [c for c in config.channels if c in channels]
-        used = [channels[c] for c in names]
-        if used:
-            weights = channel_weights(
-                config.model_copy(update={"channels": tuple(names)}),
-                sim_kept,
-                channels.get("text"),
-                valid,
-            )
-            fused = rank_fusion(used, k=config.rank_constant, mask=valid, weights=weights)
-        else:  # only the text channel, and no agent of the batch has texts
-            fused = torch.zeros(len(queries), m, dtype=_F64, device=device)
-        # a note is in the list when some channel scored it (finite, > 0): exactly where the
-        # fused reciprocal ranks (0 for unscored or masked entries) are positive
-        _, m_values, m_index, m_valid = _topk(fused, fused > 0, config.merge_top_k)
-    else:
-        _, m_values, m_index, m_valid = _topk(merged, chosen | ppr_selected, config.merge_top_k)
-
-    # the three lists of every row: slices of one flat list of (id, score) pairs
-    pairs, ends = _lists(
-        note_ids(union, positions),
-        idx,
-        (s_values.to(torch.float32), s_index, s_valid),  # the seeds keep float32 scores
-        (a_values, a_index, a_valid),
-        (m_values, m_index, m_valid),
-    )
-    starts = [0, *ends[2::3]]
-    return [
-        DefaultPipelineResult(
-            association=pairs[c:d],
-            action=pairs[b:c],
-            short_history=list(history),
-            short_mem=summary,
-            priority=priority,
-            seeds=pairs[a:b],
-        )
-        for a, b, c, d, (history, summary), priority in zip(
-            starts, ends[0::3], ends[1::3], ends[2::3], short, priorities
-        )
-    ]

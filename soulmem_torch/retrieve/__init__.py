@@ -3,6 +3,10 @@
 ``XConfig(...).into_request(working_memory, ...)`` builds a request; ``RetrX().retrieve(req)``
 answers it and ``RetrX().retrieve_batch(reqs)`` answers many at once (one kernel call per group
 of requests sharing a memory, device and config).
+
+The default pipeline's stages are written once (``stages.py``: ``run_stages`` over per-query
+candidate rows); ``pipeline.py`` is its one-memory backend (``GraphBackend``) and
+``RetrDefaultPipeline``, ``bank/_pipeline.py`` its backend on a bank's union.
 """
 
 from __future__ import annotations

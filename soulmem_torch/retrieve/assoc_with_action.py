@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from soulmem_torch.functional.codes import NODE_ABSTRACT
+from soulmem_torch.functional.codes import NODE_ABSTRACT, NODE_SPECIFIC
 from soulmem_torch.model import MemoryId
 from soulmem_torch.retrieve.batches import run_grouped
 from soulmem_torch.retrieve.bayes_action import bayes_actions
-from soulmem_torch.retrieve.columns import situation_mask, sources_matrix, topk_lists, topk_mask
+from soulmem_torch.retrieve.columns import sources_matrix, topk_lists, topk_mask
 from soulmem_torch.retrieve.config import AssociateWithActionConfig
 from soulmem_torch.retrieve.propagation import run_association
 from soulmem_torch.retrieve.requests import AssociateWithActionRequest
@@ -23,6 +23,8 @@ __all__ = [
     "AssociateWithActionResult",
     "RetrAssociateWithAction",
     "associate_with_action",
+    "situation_softmax",
+    "situation_weights",
 ]
 
 if TYPE_CHECKING:
@@ -63,22 +65,68 @@ def associate_with_action(
     present = ok.unsqueeze(0).expand_as(scores)
     memory = topk_lists(graph, scores, present, assoc.top_k) if memory_lists else []
     selected = topk_mask(scores, present, assoc.top_k)
-
-    neg_inf = torch.full_like(scores, float("-inf"))
-    seeds = torch.where(keys, weights, neg_inf)
-    ppr = torch.where(selected, scores, neg_inf)
-    merged = torch.maximum(seeds, ppr)
-    kept = situation_mask(graph).unsqueeze(1) & (merged > 0) & ok.unsqueeze(0)
-    is_abstract = (graph.node_type == NODE_ABSTRACT).unsqueeze(1)
-    w = torch.where(is_abstract, merged * config.abstract_source_priority, merged)
-    w = torch.where(kept, w, neg_inf)
-    col_max = w.max(dim=0, keepdim=True).values if w.shape[0] else w[:1]
-    col_max = torch.where(torch.isfinite(col_max), col_max, torch.zeros_like(col_max))
-    e = torch.where(kept, torch.exp(w - col_max), torch.zeros_like(w))
-    total = e.sum(dim=0, keepdim=True)
-    soft = torch.where(total > 0, e / torch.where(total > 0, total, 1.0), e)
+    soft, kept = situation_weights(graph, weights, keys, scores, selected, ok, config)
     actions = bayes_actions(graph, soft, kept, config.action_top_k)
     return memory, actions, scores, selected
+
+
+def situation_weights(
+    graph: MemoryGraph,
+    weights: Tensor,
+    keys: Tensor,
+    scores: Tensor,
+    selected: Tensor,
+    ok: Tensor,
+    config: AssociateWithActionConfig,
+) -> tuple[Tensor, Tensor]:
+    """The sources of BayesAction, ``(weights (N, B) float64, kept (N, B) bool)``: the seeds
+    (``weights`` / ``keys``) and the PPR top-k (``scores`` where ``selected``) merged (max per
+    note), only Situation notes with a score > 0 kept (``ok``: the columns PPR ran for),
+    abstract ones multiplied by ``abstract_source_priority``, turned into weights by a
+    max-subtracted softmax per column."""
+    neg_inf = torch.full_like(scores, float("-inf"))
+    merged = torch.maximum(
+        torch.where(keys, weights, neg_inf), torch.where(selected, scores, neg_inf)
+    )
+    return situation_softmax(
+        merged, graph.node_type.unsqueeze(1), ok.unsqueeze(0), config.abstract_source_priority
+    )
+
+
+def situation_softmax(
+    merged: Tensor, node_type: Tensor, ok: Tensor, abstract_priority: float, *, dim: int = 0
+) -> tuple[Tensor, Tensor]:
+    """BayesAction's source weights from merged seed / PPR scores, one softmax per query along
+    ``dim`` (0: ``(N, B)`` columns, 1: ``(B, M)`` candidate rows; the one-memory and the union
+    backend of the default pipeline run this same code).
+
+    Situation notes (Specific or Abstract) with a merged score > 0 where ``ok`` are kept,
+    abstract ones multiplied by ``abstract_priority``, then a max-subtracted softmax; a query
+    without kept notes gets zeros.
+
+    Args:
+        merged: float64 scores (``-inf`` off the seeds and the PPR top-k).
+        node_type: the notes' type codes, broadcastable to ``merged``.
+        ok: bool, broadcastable to ``merged`` (the queries PPR ran for, real candidates).
+
+    Returns:
+        ``(weights, kept)``, both ``merged``'s shape.
+    """
+    neg_inf = torch.full_like(merged, float("-inf"))
+    situation = (node_type == NODE_SPECIFIC) | (node_type == NODE_ABSTRACT)
+    kept = situation & (merged > 0) & ok
+    is_abstract = node_type == NODE_ABSTRACT
+    w = torch.where(is_abstract, merged * abstract_priority, merged)
+    w = torch.where(kept, w, neg_inf)
+    if w.shape[dim]:
+        top = w.max(dim=dim, keepdim=True).values
+    else:
+        top = w.narrow(dim, 0, 0)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    e = torch.where(kept, torch.exp(w - top), torch.zeros_like(w))
+    total = e.sum(dim=dim, keepdim=True)
+    soft = torch.where(total > 0, e / torch.where(total > 0, total, 1.0), e)
+    return soft, kept
 
 
 class RetrAssociateWithAction:

@@ -13,10 +13,28 @@ from soulmem_torch.retrieve.batches import run_grouped
 from soulmem_torch.retrieve.columns import sources_matrix, topk_lists
 from soulmem_torch.retrieve.requests import BayesActionRequest
 
-__all__ = ["BayesActionRequest", "RetrBayesAction", "bayes_actions"]
+__all__ = ["BayesActionRequest", "RetrBayesAction", "bayes_action_columns", "bayes_actions"]
 
 if TYPE_CHECKING:
     from soulmem_torch.graph import MemoryGraph
+
+
+def bayes_action_columns(
+    graph: MemoryGraph, weights: torch.Tensor, keys: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scores (N, B) float64, candidates (N, B) bool)`` of source ``weights``/``keys``
+    (N, B): Σ prob · weight over the sources' Proc links into Procedure notes."""
+    if int(graph.num_nodes) == 0:  # an empty memory triggers nothing
+        b = weights.shape[1]
+        return (
+            torch.zeros(0, b, dtype=torch.float64, device=weights.device),
+            torch.zeros(0, b, dtype=torch.bool, device=weights.device),
+        )
+    scores = bayes_action_scores(
+        weights, graph.edge_index, graph.edge_kind, graph.prob, graph.node_type
+    )
+    candidates = bayes_action_candidates(keys, graph.edge_index, graph.edge_kind, graph.node_type)
+    return scores, candidates
 
 
 def bayes_actions(
@@ -25,11 +43,7 @@ def bayes_actions(
     """Top-k actions per column of source ``weights``/``keys`` (N, B): Σ prob · weight."""
     if int(graph.num_nodes) == 0:  # an empty memory triggers nothing
         return [[] for _ in range(weights.shape[1])]
-    scores = bayes_action_scores(
-        weights, graph.edge_index, graph.edge_kind, graph.prob, graph.node_type
-    )
-    candidates = bayes_action_candidates(keys, graph.edge_index, graph.edge_kind, graph.node_type)
-    return topk_lists(graph, scores, candidates, top_k)
+    return topk_lists(graph, *bayes_action_columns(graph, weights, keys), top_k)
 
 
 class RetrBayesAction:
