@@ -113,6 +113,8 @@ def test_an_application_freeze_is_left_alone():
         frozen = gc.get_freeze_count()
         with gc_paused():
             pass
-        assert gc.get_freeze_count() == frozen  # not unfrozen by the pause
+        # not unfrozen by the pause (that would empty the permanent generation); a few frozen
+        # objects may be freed meanwhile, which lowers the count by as many
+        assert frozen // 2 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
