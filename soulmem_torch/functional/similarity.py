@@ -245,6 +245,12 @@ def rows_matmul(a: Tensor, table: Tensor | SparseRows, sel: Tensor | None = None
     """
     if isinstance(table, SparseRows):
         return sparse_rows_matmul(a, table, sel)
+    if a.device.type == "cpu" and table.numel() < SPARSE_MIN_CELLS:
+        # a table dense because it is small: the union's kernel (row_dots), each entry a
+        # function of its two rows alone, so identical notes tie exactly wherever they sit and
+        # a memory scores as it does in a bank (a GEMM's edge blocks sum in another order)
+        cols = torch.arange(int(table.shape[0]), device=a.device) if sel is None else sel
+        return row_dots(a, table, cols.unsqueeze(0).expand(int(a.shape[0]), -1))
     rows = table if sel is None else table.index_select(0, sel)
     return a @ rows.T
 
@@ -648,8 +654,9 @@ def _check_note_side(notes: NoteSide, node_type: Tensor, d: int) -> int:
 
 def _single_cos(qs: QueryFields, notes: NoteSide, sel: Tensor) -> Callable[[str, str], Tensor]:
     """``cos(query field, note field)`` of the queries ``qs`` against the notes ``sel`` of one
-    memory: the notes' rows of that field (the zero row where absent) gathered, one matmul —
-    the same products, in the same shapes, as against a dense block, so the same bits."""
+    memory: the notes' rows of that field (the zero row where absent), one
+    :func:`rows_matmul` — on a small table the union's per-pair kernel, so a memory's scores
+    are a bank's and identical notes tie exactly."""
     b, u = qs.shape
     n = int(sel.shape[0])
     index = notes.index.index_select(0, sel)  # (n, F)
@@ -658,11 +665,7 @@ def _single_cos(qs: QueryFields, notes: NoteSide, sel: Tensor) -> Callable[[str,
         q = qs.slice(_Q[q_name])
         if q is None:  # no unit has the field: the cosines of zero rows
             return torch.zeros(b, u, n, dtype=torch.float32, device=qs.device)
-        if isinstance(notes.rows, SparseRows):
-            flat = sparse_rows_matmul(q.reshape(b * u, -1), notes.rows, index[:, _F[f_name]])
-            return flat.view(b, u, n)
-        rows = notes.rows.index_select(0, index[:, _F[f_name]])  # (n, D)
-        return torch.matmul(q, rows.T)
+        return rows_matmul(q.reshape(b * u, -1), notes.rows, index[:, _F[f_name]]).view(b, u, n)
 
     return cos
 

@@ -660,7 +660,9 @@ def test_compact_layout_scores_equal_the_dense_block_bit_for_bit(
 
 def test_compact_cosines_equal_the_dense_layouts_matmuls(device: torch.device) -> None:
     """Every (query field, note field) cosine the rules read, gathered from the compact rows,
-    equals bit for bit the matmul against the dense normalized block (the layout before)."""
+    equals the matmul against the dense normalized block (the layout before) — to the last
+    bits only: a small table is read by the union's per-pair kernel (``rows_matmul``), whose
+    sums run in another order than a GEMM's (test_duplicate_notes.py pins that kernel)."""
     from soulmem_torch.embedding import FIELD_NAMES, QUERY_FIELD_NAMES
     from soulmem_torch.functional import similarity as fsim
 
@@ -687,7 +689,9 @@ def test_compact_cosines_equal_the_dense_layouts_matmuls(device: torch.device) -
                     if q is None
                     else torch.matmul(q, dense[sel][:, j].T)
                 )
-                assert torch.equal(cos(q_name, f_name), want), (q_name, f_name)
+                torch.testing.assert_close(
+                    cos(q_name, f_name), want, rtol=1e-6, atol=1e-6, msg=f"{q_name} {f_name}"
+                )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
