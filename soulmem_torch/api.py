@@ -110,6 +110,9 @@ class SoulMem:
         self.reembedded: str | None = None
         """Set by :meth:`load` when the store's vectors came from another embedder."""
         self._origin: tuple[Path, str | None] | None = None  # (store path, version) read
+        # what the last load / save of _origin left: the tracked cluster and records dict, the
+        # readable ids and the records' meta then (None: unknown, the next save is whole)
+        self._saved: tuple[Any, Any, dict[MemoryId, str], dict[str, Any]] | None = None
 
     # -- building ------------------------------------------------------------------------
     @property
@@ -391,6 +394,8 @@ class SoulMem:
                 wm.add_nodes(contents.notes, embeddings)
             mem.readable_ids.update(contents.readable_ids or {})
             mem._origin = (Path(path).resolve(), contents.version)
+            if mem.reembedded is None:  # the store holds what this memory holds
+                mem._checkpoint()
             return mem
 
     def save(
@@ -437,6 +442,21 @@ class SoulMem:
 
         if not isinstance(overwrite, bool):
             raise ValidationError(f"overwrite: expected True or False, found {overwrite!r}")
+        target = Path(path).resolve()
+        if (
+            not replace
+            and not extra
+            and not plasticity_done
+            and not consolidated
+            and self._origin is not None
+            and self._origin[0] == target
+            and self._saved is not None
+            and self._saved[0] is self.cluster
+            and self._saved[1] is self.working_memory.records
+        ):
+            manifest = self._save_changes(path, keep_versions)
+            if manifest is not None:
+                return manifest
         records = records_to_json(self.working_memory)
         if plasticity_done:  # saved with the update's values: nothing left pending
             records["plasticity_pending"] = False
@@ -450,7 +470,6 @@ class SoulMem:
             notes.append(note)
             embeddings.append(embedding)
         store = MemoryStore(path, keep_versions=keep_versions)
-        target = Path(path).resolve()
         ours = self._origin is not None and self._origin[0] == target
         base: Any = self._origin[1] if ours else ...
         with store.lock():
@@ -473,6 +492,81 @@ class SoulMem:
                 records=records,
             )
         self._origin = (target, store.last_version)
+        if replace or extra:  # saved ahead of the memory (its caller applies them next)
+            self._saved = None
+        else:
+            self._checkpoint()
+        return manifest
+
+    def _records_meta(self) -> dict[str, Any]:
+        from soulmem_torch.runtime.records import RECORDS_FORMAT, RECORDS_VERSION
+
+        wm = self.working_memory
+        return {
+            "format": RECORDS_FORMAT,
+            "version": RECORDS_VERSION,
+            "plasticity_pending": wm.retrieval_revision != wm.plasticity_revision,
+            "window_summary": wm.sliding_window.summary,
+        }
+
+    def _checkpoint(self) -> None:
+        """The store at ``_origin`` now holds this memory: changes count from here."""
+        wm = self.working_memory
+        wm.cluster.take_changes()
+        wm.records_changed = set()
+        self._saved = (wm.cluster, wm.records, dict(self.readable_ids), self._records_meta())
+
+    def _save_changes(self, path: str | Path, keep_versions: int | None) -> dict[str, Any] | None:
+        """:meth:`save` back to the store this memory was loaded from or saved to, writing only
+        what changed since (docs/spec.md §9 "incremental saves"): the notes added, replaced,
+        removed or declared changed (``MemoryCluster.take_changes``), the records opened or
+        changed, the readable ids given. ``None``: not expressible as changes (a readable id
+        was dropped from a kept note) — the caller saves the whole memory."""
+        from soulmem_torch.embedding.identity import embedder_identity
+        from soulmem_torch.store import MemoryStore
+
+        assert self._saved is not None and self._origin is not None
+        wm, cluster = self.working_memory, self.cluster
+        _, _, saved_rids, saved_meta = self._saved
+        rid_changed: set[MemoryId] = set()
+        if self.readable_ids != saved_rids:
+            if any(k not in self.readable_ids and k in cluster for k in saved_rids):
+                return None
+            rid_changed = {k for k, v in self.readable_ids.items() if saved_rids.get(k) != v}
+        meta = self._records_meta()
+        changed = cluster.take_changes()
+        rec_changed, wm.records_changed = wm.records_changed, set()
+        try:
+            if not changed and not rec_changed and not rid_changed and meta == saved_meta:
+                return MemoryStore(path).manifest()  # nothing to write: no new version
+            ids = changed | {k for k in rid_changed if k in cluster}
+            kept = [i for i in ids if i in cluster]
+            kept.sort(key=cluster.index_of)  # new notes take their places in cluster order
+            removed = [i for i in ids if i not in cluster]
+            entries = [cluster[i] for i in kept]
+            records = wm.records
+            meta["records"] = [
+                records[i].model_dump(mode="json") for i in rec_changed if i in records
+            ]
+            store = MemoryStore(path, keep_versions=keep_versions)
+            manifest = store.apply_changes(
+                [e.note for e in entries],
+                [e.embedding for e in entries],
+                removed,
+                readable_ids={i: self.readable_ids[i] for i in kept if i in self.readable_ids}
+                or None,
+                embedder_name=type(self.embedder).__name__,
+                embedder_identity=embedder_identity(self.embedder),
+                base_version=self._origin[1],
+                records=meta,
+                removed_records=[i for i in rec_changed if i not in records],
+            )
+        except BaseException:  # nothing was written: the changes still count
+            cluster.note_changed(changed)
+            wm.records_changed |= rec_changed
+            raise
+        self._origin = (self._origin[0], store.last_version)
+        self._checkpoint()
         return manifest
 
     # -- reading -------------------------------------------------------------------------

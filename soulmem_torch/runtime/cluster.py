@@ -328,6 +328,7 @@ class MemoryCluster:
         # target id -> [(source id, link)], in parking order
         self._pending: dict[MemoryId, list[tuple[MemoryId, MemoryLink]]] = {}
         self._version = 0
+        self._changed: set[MemoryId] = set()  # notes changed since the last take_changes()
         self._derived: dict[Hashable, Any] = {}
         self._derived_version = -1
         self._lock = threading.RLock()
@@ -535,6 +536,7 @@ class MemoryCluster:
             if dim is not None and len(prepared) > 1:
                 prepared = self._packed(prepared, dim)
 
+            self._changed.update(note.id for note, _ in prepared)
             added, changed = self._insert_all(prepared, links_after_nodes, dim)
             if links_after_nodes:
                 for (note, _), is_new in zip(prepared, added):
@@ -644,6 +646,7 @@ class MemoryCluster:
             self._out.pop(id, None)
             self._in.pop(id, None)
             del self._nodes[id]
+            self._changed.add(id)
             self._index = None
             if item.embedding is not None:
                 self._num_embedded -= 1
@@ -673,6 +676,7 @@ class MemoryCluster:
             for owner in owners:
                 note = self._nodes[owner].note
                 note.mem_links = [lk for lk in note.mem_links if lk.id != link_id]
+            self._changed.update(owners)
             if owners:
                 self._touch()
             return edge
@@ -740,6 +744,7 @@ class MemoryCluster:
         """
         with self._lock:
             item = self[id]
+            self._changed.add(id)
             others = self._num_embedded - (item.embedding is not None)
             dim = self._dim if (others > 0 or self._fixed_dim is not None) else None
             width = check_embedding(embedding, dim=dim, where=f"embedding of note {id}")
@@ -769,6 +774,7 @@ class MemoryCluster:
                 raise ValidationError(
                     f"id: note {id} now reports id {note.id}; remove it and add it again instead"
                 )
+            self._changed.add(id)
             wanted: dict[LinkId, MemoryLink] = {}
             for link in note.mem_links:
                 wanted.setdefault(link.id, link)
@@ -792,6 +798,19 @@ class MemoryCluster:
                 if not self._replace_parked(id, link):
                     self._merge_link(id, link)
             self._touch()
+
+    def note_changed(self, ids: Iterable[MemoryId]) -> None:
+        """Declares notes changed in place without a change the snapshot reads (a retrieval
+        count, an access time): the version stays, but the next save writes them."""
+        with self._lock:
+            self._changed.update(ids)
+
+    def take_changes(self) -> set[MemoryId]:
+        """The ids of the notes added, replaced, removed or declared changed since the last
+        call (what an incremental save writes), and a fresh start."""
+        with self._lock:
+            out, self._changed = self._changed, set()
+            return out
 
     # -- derived data -------------------------------------------------------------------
     def derived(self, key: Hashable, build: Callable[[], _T]) -> _T:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from soulmem_torch.model.ids import MemoryId
 from soulmem_torch.model.timestamp import Timestamp
 
-__all__ = ["Feedback", "Record", "records_from_json", "records_to_json"]
+__all__ = ["Feedback", "Record", "parse_record_rows", "records_from_json", "records_to_json"]
 
 
 class Feedback(str, Enum):
@@ -161,3 +161,24 @@ def records_from_json(data: object, *, where: str = "records") -> tuple[list[Rec
 
 
 _RECORD_LIST = TypeAdapter(list[Record])
+
+
+def parse_record_rows(rows: list[bytes], *, where: str = "records") -> list[Record]:
+    """Records from their stored JSON rows (UTF-8 bytes, one record each) in one pass of
+    pydantic-core (what a store's load reads; ``records_from_json`` takes the result as is).
+
+    Raises:
+        ValueError (``ValidationError``): naming ``where`` and the bad row.
+    """
+    from soulmem_torch.errors import ValidationError
+
+    try:
+        return _RECORD_LIST.validate_json(b"[" + b",".join(rows) + b"]")
+    except ValueError:
+        pass
+    for i, row in enumerate(rows):
+        try:
+            Record.model_validate_json(row)
+        except ValueError as exc:
+            raise ValidationError(f"{where}[{i}]: {exc}") from None
+    raise ValidationError(f"{where}: the record rows do not parse one record each")

@@ -75,6 +75,8 @@ class WorkingMemory:
             else SlidingWindow(window_capacity, llm, timeout=summary_timeout)
         )
         self.records: dict[MemoryId, Record] = {}
+        # ids whose record was opened, changed or dropped since the last save took them
+        self.records_changed: set[MemoryId] = set()
         self.retrieval_revision = 0
         """Counts :meth:`record_retrieval` calls that recorded something (the original's
         retrieval revision: a plasticity update runs only when it moved since the last one)."""
@@ -138,6 +140,7 @@ class WorkingMemory:
     def remove_node(self, id: MemoryId) -> EmbeddedMemoryNote | None:
         """Removes a note from the cluster together with its record."""
         self.records.pop(id, None)
+        self.records_changed.add(id)
         return self.cluster.remove_note(id)
 
     def graph(self, device: torch.device | str | None = None) -> MemoryGraph:
@@ -178,6 +181,9 @@ class WorkingMemory:
                 raise ValidationError(f"ids: expected MemoryId values, found {type(mid).__name__}")
         now = Timestamp.now()  # the retrievals counted by one call share its time
         records, get = self.records, self.cluster.get
+        self.records_changed.update(ids)
+        if touch_notes and not mark_changed:  # counts a save must write, not the snapshot
+            self.cluster.note_changed(ids)
         for mid in ids:
             record = records.get(mid)
             if record is None:
@@ -198,6 +204,7 @@ class WorkingMemory:
         if record is None:
             return False
         record.add_feedback(feedback)
+        self.records_changed.add(id)
         return True
 
     # -- short-term memory ----------------------------------------------------------------
@@ -211,3 +218,4 @@ class WorkingMemory:
         mid = note.note.id if isinstance(note, EmbeddedMemoryNote) else note.id
         if mid not in self.records:
             self.records[mid] = Record.new(mid, now=now)
+            self.records_changed.add(mid)

@@ -287,21 +287,29 @@ class MemoryStore:
                           "updated": sum(r.id in existing for r in upserts),
                           "removed": len(deletes)}  # fmt: skip
                 info = version_info(counts, layout, embedder_name, embedder_identity, change)
+                rec_up: list[tuple[str, str]] = []
+                rec_del: list[str] = []
                 if records is not None:
-                    info["records"] = dict(records)
+                    info["records"], rec_rows = split_records(records)
+                    held = dict(self.db.record_rows(conn, _AGENT))
+                    rec_up = [(i, r) for i, r in rec_rows if held.get(i) != r]
+                    wanted = {i for i, _ in rec_rows}
+                    rec_del = [i for i in held if i not in wanted]
                 latest = self.db.latest(conn)
                 if (
                     not upserts
                     and not deletes
                     and latest is not None
                     and _same_info(latest[2], info)
-                ):  # nothing changed: no new version
+                ):  # no note changed: no new version (changed records are written in place)
+                    self.db.write_records(conn, _AGENT, latest[0], rec_up, rec_del)
                     self.last_version = version_name(latest[0])
                     return manifest_of(*latest, self.db.path)
                 gen = self.db.commit_version(
                     conn, _AGENT, upserts=upserts, deletes=deletes, info=info,
                     keep_versions=self.keep_versions,
                 )  # fmt: skip
+                self.db.write_records(conn, _AGENT, gen, rec_up, rec_del)
                 written_at = conn.execute(
                     "SELECT written_at FROM versions WHERE gen = ?", (gen,)
                 ).fetchone()[0]
@@ -328,11 +336,49 @@ class MemoryStore:
             ValidationError: bad arguments, a readable id that names another stored note, or
                 embeddings from another embedder than the store's (nothing is written).
         """
+        return self.apply_changes(
+            notes, embeddings, readable_ids=readable_ids, embedder_name=embedder_name,
+            embedder_identity=embedder_identity, base_version=base_version,
+        )  # fmt: skip
+
+    def apply_changes(
+        self,
+        notes: Iterable[MemoryNote] = (),
+        embeddings: Sequence[MemoryEmbedding | None]
+        | Mapping[MemoryId, MemoryEmbedding | None]
+        | None = None,
+        removed: Iterable[MemoryId | str] = (),
+        *,
+        readable_ids: Mapping[MemoryId, str] | Mapping[str, MemoryId] | None = None,
+        embedder_name: str | None = None,
+        embedder_identity: EmbedderIdentity | None = None,
+        base_version: str | object | None = ...,
+        records: Mapping[str, Any] | None = None,
+        removed_records: Iterable[MemoryId | str] = (),
+    ) -> dict[str, Any]:
+        """Adds or replaces ``notes``, removes the notes ``removed`` and writes the retrieval
+        records given — one new version, one transaction that touches only those rows (what
+        ``SoulMem.save`` runs when it knows what changed since the store's live version).
+
+        Args:
+            notes / embeddings / readable_ids / embedder_*: as :meth:`add_notes`.
+            removed: ids of stored notes to remove (ids not stored are ignored).
+            base_version: as :meth:`save`.
+            records: ``records_to_json`` output holding only the changed records (their rows
+                are written; the other stored records stay), or ``None``.
+            removed_records: ids whose stored records are dropped.
+
+        Raises:
+            ValidationError / StoreChangedError / StoreWriteError: nothing is written.
+        """
         notes, note_ids = check_notes(notes)
         per_note = align_embeddings(embeddings, notes, note_ids)
         dim = validate_embeddings(per_note)
         ids = _check_readable_ids(readable_ids, note_ids)
         rows = note_rows(notes, per_note, ids, [0] * len(notes))
+        gone = _id_texts(removed, "removed")
+        gone_records = _id_texts(removed_records, "removed_records")
+        rec_meta, rec_rows = split_records(records) if records is not None else (None, [])
         identity = None if embedder_identity is None else embedder_identity.to_json()
         with self.lock():
             live = self._live_locked()
@@ -358,6 +404,14 @@ class MemoryStore:
                             f"({marks})", (_AGENT, *part),
                         )
                     })  # fmt: skip
+                present: list[tuple[str, int]] = []
+                kept = set(found)
+                for part in _chunks([i for i in gone if i not in kept], 500):
+                    marks = ",".join("?" * len(part))
+                    present += conn.execute(
+                        f"SELECT id, emb IS NOT NULL FROM notes WHERE agent = ? AND id IN ({marks})",
+                        (_AGENT, *part),
+                    ).fetchall()
                 self._check_rids_free(conn, rows, ids)
                 top = conn.execute(
                     "SELECT MAX(pos) FROM notes WHERE agent = ?", (_AGENT,)
@@ -373,9 +427,9 @@ class MemoryStore:
                         pos, rid = nxt, r.rid
                     placed.append(NoteRow(r.id, pos, r.note, rid, r.emb))
                 counts = dict(prev.get("counts") or {})
-                old_emb = sum(v[2] for v in found.values())
+                old_emb = sum(v[2] for v in found.values()) + sum(e for _, e in present)
                 new_emb = sum(r.emb is not None for r in placed)
-                counts["notes"] = counts.get("notes", 0) + len(placed) - len(found)
+                counts["notes"] = counts.get("notes", 0) + len(placed) - len(found) - len(present)
                 counts["embeddings"] = counts.get("embeddings", 0) + new_emb - old_emb
                 counts.pop("pending_links", None)
                 counts.pop("links", None)
@@ -387,16 +441,32 @@ class MemoryStore:
                     layout = {**new_layout, "fields": [n for n in FIELD_NAMES if n in fields],
                               "count": counts["embeddings"]}  # fmt: skip
                 elif layout is not None:
-                    layout = {**layout, "count": counts["embeddings"]}
+                    layout = (
+                        {**layout, "count": counts["embeddings"]} if counts["embeddings"] else None
+                    )
                 info = version_info(
                     counts, layout,
                     embedder_name if dim is not None else prev.get("embedder_name"),
                     identity if dim is not None and identity else prev.get("embedder"),
-                    {"added": len(placed) - len(found), "updated": len(found), "removed": 0},
+                    {"added": len(placed) - len(found), "updated": len(found),
+                     "removed": len(present)},
                 )  # fmt: skip
+                old_records = prev.get("records")
+                if rec_meta is not None:
+                    info["records"] = rec_meta
+                elif isinstance(old_records, dict) and old_records.get("rows"):
+                    info["records"] = old_records  # the records' rows stay; so does their meta
+                if isinstance(old_records, dict) and "records" in old_records:
+                    # records kept in the version (the format before rows): moved to rows
+                    old_meta, held = split_records(old_records)
+                    fresh = {i for i, _ in rec_rows}
+                    rec_rows = [(i, r) for i, r in held if i not in fresh] + rec_rows
+                    info.setdefault("records", old_meta)
                 gen = self.db.commit_version(
-                    conn, _AGENT, upserts=placed, info=info, keep_versions=self.keep_versions
-                )
+                    conn, _AGENT, upserts=placed, deletes=[i for i, _ in present], info=info,
+                    keep_versions=self.keep_versions,
+                )  # fmt: skip
+                self.db.write_records(conn, _AGENT, gen, rec_rows, gone_records)
                 written_at = conn.execute(
                     "SELECT written_at FROM versions WHERE gen = ?", (gen,)
                 ).fetchone()[0]
@@ -450,6 +520,8 @@ class MemoryStore:
                     )
                 info = version_info(counts, layout, prev.get("embedder_name"), prev.get("embedder"),
                                     {"added": 0, "updated": 0, "removed": len(present)})  # fmt: skip
+                if isinstance(prev.get("records"), dict):  # the records (or their meta) stay
+                    info["records"] = prev["records"]
                 gen = self.db.commit_version(
                     conn, _AGENT, deletes=[i for i, _ in present], info=info,
                     keep_versions=self.keep_versions,
@@ -511,8 +583,9 @@ class MemoryStore:
                 with self.db.read() as conn:
                     latest = self.db.latest(conn)
                     rows = self.db.state_rows(conn, _AGENT, raw=True) if latest else None
+                    recs = self.db.record_rows(conn, _AGENT) if latest else []
                 if latest is not None and rows is not None:
-                    return self._contents(latest, rows)
+                    return self._contents(latest, rows, recs)
         if self._legacy.exists():
             return self._legacy.load()
         raise StoreError(
@@ -520,7 +593,10 @@ class MemoryStore:
         )
 
     def _contents(
-        self, latest: tuple[int, str, dict[str, Any]], rows: Sequence[Any]
+        self,
+        latest: tuple[int, str, dict[str, Any]],
+        rows: Sequence[Any],
+        recs: Sequence[tuple[str, str]] = (),
     ) -> StoreContents:
         gen, written_at, info = latest
         notes, embeddings, readable = decode_rows(
@@ -540,7 +616,7 @@ class MemoryStore:
             manifest=manifest,
             pending_links=pending,
             version=version_name(gen),
-            records=info.get("records"),
+            records=_records_of(info.get("records"), recs, str(self.db.path)),
         )
 
     def manifest(self) -> dict[str, Any]:
@@ -723,3 +799,54 @@ def _same_info(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def split_records(records: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """``records_to_json`` output as what a version keeps (everything but the list, marked
+    ``"rows": True``) and one ``(note id, record JSON)`` row per record (docs/spec.md §9:
+    records are rows, written only when they change)."""
+    import json
+
+    meta = {k: v for k, v in records.items() if k != "records"}
+    meta["rows"] = True
+    listed = records.get("records") or []
+    if not isinstance(listed, list):
+        raise ValidationError(f"records.records: expected a list, found {type(listed).__name__}")
+    rows = []
+    for i, rec in enumerate(listed):
+        if not isinstance(rec, Mapping) or not isinstance(rec.get("memory_id"), str):
+            raise ValidationError(
+                f"records.records[{i}]: expected a record with a memory_id, found {rec!r:.80}"
+            )
+        text = json.dumps(rec, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+        rows.append((rec["memory_id"], text))
+    return meta, rows
+
+
+def _id_texts(ids: Iterable[MemoryId | str], what: str) -> list[str]:
+    out = []
+    for i, mid in enumerate(ids):
+        try:
+            out.append(str(MemoryId(str(mid))))
+        except ValueError:
+            raise ValidationError(
+                f"{what}[{i}]: expected a note id (UUID), found {mid!r}"
+            ) from None
+    return out
+
+
+def _records_of(meta: Any, recs: Sequence[tuple[str, str]], where: str) -> dict[str, Any] | None:
+    """A version's records as ``records_to_json`` gives them: kept in the version (the format
+    before rows), or its meta with the record rows (``None``: none saved)."""
+
+    if isinstance(meta, dict) and "records" in meta:
+        return meta
+    if not recs and not isinstance(meta, dict):
+        return None
+    from soulmem_torch.runtime.records import parse_record_rows
+
+    listed = parse_record_rows([r for _, r in recs], where=f"{where}: records")
+    out = {k: v for k, v in (meta or {"format": "soulmem_torch.records", "version": 1}).items()
+           if k != "rows"}  # fmt: skip
+    out["records"] = listed
+    return out

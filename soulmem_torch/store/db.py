@@ -33,11 +33,13 @@ import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from hashlib import blake2b as _blake2b
 from pathlib import Path
 from typing import Any
 
 from soulmem_torch.errors import StoreError
 from soulmem_torch.model.timestamp import Timestamp
+from soulmem_torch.store.codec import _LENGTH as _LEN
 from soulmem_torch.store.codec import chunks_of, note_digest, row_digest
 
 __all__ = ["Database", "NoteRow", "StoreWriteError"]
@@ -64,6 +66,8 @@ CREATE INDEX IF NOT EXISTS history_removed ON history(removed);
 CREATE INDEX IF NOT EXISTS history_agent ON history(agent, gen);
 CREATE TABLE IF NOT EXISTS graphs(agent TEXT PRIMARY KEY, payload BLOB NOT NULL,
     gen INTEGER NOT NULL, sha BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS records(agent TEXT NOT NULL, id TEXT NOT NULL, rec TEXT NOT NULL,
+    gen INTEGER NOT NULL, sha BLOB NOT NULL, PRIMARY KEY(agent, id));
 """
 
 
@@ -100,6 +104,23 @@ def agent_digest(agent: str, pos: int, kind: str) -> bytes:
 
 def graph_digest(agent: str, payload: bytes) -> bytes:
     return row_digest("graph", agent, payload)
+
+
+def record_digest(agent: str, id_: str, rec: str | bytes) -> bytes:
+    """BLAKE2b-128 of a retrieval record row: ``row_digest("record", agent, id_, rec)``'s
+    bytes (``rec`` its JSON text or the stored UTF-8 bytes)."""
+    return _record_digest(_record_head(agent), id_, rec)
+
+
+def _record_head(agent: str) -> bytes:
+    a = agent.encode("utf-8")
+    return b"".join((_LEN(6), b"record", _LEN(len(a)), a))
+
+
+def _record_digest(head: bytes, id_: str, rec: str | bytes) -> bytes:
+    i = id_.encode("utf-8")
+    r = rec if type(rec) is bytes else rec.encode("utf-8")  # type: ignore[union-attr]
+    return _blake2b(b"".join((head, _LEN(len(i)), i, _LEN(len(r)), r)), digest_size=16).digest()
 
 
 def version_name(gen: int) -> str:
@@ -327,6 +348,54 @@ class Database:
             conn.execute("DELETE FROM versions WHERE gen < ?", (floor[0],))
             conn.execute("DELETE FROM history WHERE removed <= ?", (floor[0],))
         return gen
+
+    def record_rows(self, conn: sqlite3.Connection, agent: str) -> list[tuple[str, bytes]]:
+        """``(id, rec)`` of an agent's stored retrieval records, ``rec`` the record's JSON as
+        its stored UTF-8 bytes (verified; any order; none in a database written before records
+        had rows).
+
+        Raises:
+            StoreError: naming the record whose row is corrupted.
+        """
+        try:
+            rows = conn.execute(
+                "SELECT id, CAST(rec AS BLOB), sha FROM records WHERE agent = ?", (agent,)
+            ).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []
+            raise
+        head = _record_head(agent)
+        for id_, rec, sha in rows:
+            if type(rec) is not bytes or _record_digest(head, id_, rec) != sha:
+                raise StoreError(
+                    f"{self.path}: the retrieval record of note {id_}: checksum mismatch (the "
+                    "row is corrupted)"
+                )
+        return [(i, r) for i, r, _ in rows]
+
+    def write_records(
+        self,
+        conn: sqlite3.Connection,
+        agent: str,
+        gen: int,
+        upserts: Sequence[tuple[str, str]],
+        deletes: Sequence[str] = (),
+        *,
+        replace_all: bool = False,
+    ) -> None:
+        """Inside the open write transaction ``conn``: writes the records ``(id, rec)`` of
+        ``upserts`` and removes those of ``deletes`` (``replace_all``: every other record of the
+        agent too). Records are not versioned: a restored version keeps today's records."""
+        if replace_all:
+            conn.execute("DELETE FROM records WHERE agent = ?", (agent,))
+        for part in chunks_of(list(deletes), _IN_CHUNK):
+            marks = ",".join("?" * len(part))
+            conn.execute(f"DELETE FROM records WHERE agent = ? AND id IN ({marks})", (agent, *part))
+        conn.executemany(
+            "INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?)",
+            [(agent, i, rec, gen, record_digest(agent, i, rec)) for i, rec in upserts],
+        )
 
     def state_rows(
         self, conn: sqlite3.Connection, agent: str, gen: int | None = None, *, raw: bool = False
