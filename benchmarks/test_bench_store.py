@@ -6,6 +6,8 @@ Side by side in one run, the offline ``HashingEmbedder`` (1,024 wide), 1 torch t
 
 * ``add1``: ``MemoryStore.add_notes`` of one embedded note to a store of N notes (one
   transaction writing that row and a version row) — N = 100,000 and N = 10,000;
+* ``soulmem add1+save``: the same through a loaded ``SoulMem`` (``add_notes`` then ``save``
+  back: an incremental save), N = 100,000;
 * ``rewrite1``: the same change through the previous engine (``DirectoryStore.save``: every
   note, vector and file of the memory written again as a new version), N = 10,000 (the old
   path at 100,000 takes minutes; its cost is linear in N, the issue measured 11.3 s at 20,000);
@@ -102,6 +104,22 @@ def test_add_one_note(benchmark, stores: dict, n: int) -> None:
 
     benchmark.pedantic(one, rounds=10, iterations=1, warmup_rounds=1)
     _row(f"add1 N={n}", benchmark.stats.stats.median)
+
+
+def test_soulmem_add_one_note_and_save(benchmark, stores: dict) -> None:
+    """The user's path: a loaded 100,000-note ``SoulMem``, one note added, ``save`` back
+    (written incrementally: that note's row and a version row)."""
+    root = stores[N_BIG]
+    mem = SoulMem.load(root, embedder=stores["embedder"])
+    counter = iter(range(10**9))
+
+    def one() -> None:
+        (note,) = _notes(1, start=3 * 10**7 + next(counter))
+        mem.add_notes([note])
+        mem.save(root)
+
+    benchmark.pedantic(one, rounds=10, iterations=1, warmup_rounds=1)
+    _row(f"soulmem add1+save N={len(mem)}", benchmark.stats.stats.median)
 
 
 def test_rewrite_one_note_old_engine(benchmark, stores: dict) -> None:
