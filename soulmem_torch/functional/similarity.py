@@ -222,6 +222,9 @@ def row_dots(a: Tensor, table: Tensor | SparseRows, cols: Tensor) -> Tensor:
         return a.new_zeros(r, k)
     if a.device.type != "cpu":
         return torch.bmm(table[cols], a.unsqueeze(-1)).squeeze(-1)
+    p = int(table.shape[0])
+    if k > p:  # a CSR row holds at most P entries: repeated columns a slice of P at a time
+        return torch.cat([row_dots(a, table, cols[:, i : i + p]) for i in range(0, k, p)], 1)
     crow = torch.arange(0, r * k + 1, k, dtype=torch.int64, device=a.device)
     with warnings.catch_warnings():  # "sparse CSR support is in beta": the op is documented
         warnings.simplefilter("ignore", UserWarning)

@@ -694,6 +694,19 @@ def test_compact_cosines_equal_the_dense_layouts_matmuls(device: torch.device) -
                 )
 
 
+def test_row_dots_takes_more_columns_than_the_table_has_rows(device) -> None:
+    """Repeated columns (the zero row of absent fields) can outnumber the table's rows: read
+    a slice of at most P at a time, the same per-pair values."""
+    g = torch.Generator().manual_seed(5)
+    table = torch.randn(7, 16, generator=g).to(device)
+    a = torch.randn(3, 16, generator=g).to(device)
+    cols = torch.randint(0, 7, (3, 40), generator=g).to(device)
+    got = fsim.row_dots(a, table, cols)
+    want = torch.stack([fsim.row_dots(a, table, cols[:, j : j + 1])[:, 0] for j in range(40)], 1)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got, (table[cols] * a.unsqueeze(1)).sum(-1), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_row_dots_equals_gathered_rows(device, dtype) -> None:
     """``row_dots`` against the gather + ``bmm`` it replaces: repeated, unsorted columns (the
