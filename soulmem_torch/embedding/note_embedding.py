@@ -33,6 +33,7 @@ included; chunked text that is empty or whitespace has no chunk and gives the ze
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,7 +58,13 @@ from soulmem_torch.model import (
     SpecificSituation,
 )
 
-__all__ = ["embed_note_groups", "embed_notes", "embed_notes_plain", "embed_texts", "note_plain_text"]
+__all__ = [
+    "embed_note_groups",
+    "embed_notes",
+    "embed_notes_plain",
+    "embed_texts",
+    "note_plain_text",
+]
 
 _PARTICIPANT_NAME_WEIGHT = 0.7
 """``raw_linear_blend(name, role, 0.7)``: fused = 0.7·name + 0.3·role."""
@@ -297,7 +304,7 @@ def embed_note_groups(
         return packed
     views = _views(rows, tag_row, fields)
     starts = np.cumsum([0, *sizes]).tolist()
-    return [views[a:b] for a, b in zip(starts, starts[1:])]
+    return [views[a:b] for a, b in itertools.pairwise(starts)]
 
 
 # -------------------------------------------------------------------------------------------
