@@ -82,7 +82,8 @@ class HaystackBank:
         device: Any = None,
     ) -> HaystackBank:
         from soulmem_torch.bank import MemoryBank
-        from soulmem_torch.embedding import embed_notes
+        from soulmem_torch.embedding import embed_note_groups
+        from soulmem_torch.embedding.compact import compact_ref
         from soulmem_torch.runtime.cluster import first_non_finite
 
         timings: dict[str, float] = {}
@@ -99,21 +100,23 @@ class HaystackBank:
             group.append(i)
             size += len(m.notes)
             if size >= _EMBED_GROUP_NOTES or i == len(made) - 1:
-                vectors = embed_notes(
-                    [n for j in group for n in made[j].notes],
-                    bank.embedder,
-                    batch_size=_EMBED_BATCH,
+                # each haystack's vectors packed as its cluster would pack them (no pass over
+                # every note's vectors per haystack), or the group's dense views
+                per_haystack = embed_note_groups(
+                    [made[j].notes for j in group], bank.embedder, batch_size=_EMBED_BATCH
                 )
+                dense = [
+                    v
+                    for vectors in per_haystack
+                    for e in vectors
+                    if compact_ref(e) is None
+                    for v in (e.tag, *e.fields.values())
+                ]
                 # one finiteness pass over the group's buffer (it is remembered), rather than
                 # one per haystack over the views it holds of that buffer
-                first_non_finite([v for e in vectors for v in (e.tag, *e.fields.values())])
-                start = 0
-                for j in group:
-                    count = len(made[j].notes)
-                    bank.add_agent(
-                        f"haystack-{j}", made[j].notes, embeddings=vectors[start : start + count]
-                    )
-                    start += count
+                first_non_finite(dense)
+                for j, vectors in zip(group, per_haystack):
+                    bank.add_agent(f"haystack-{j}", made[j].notes, embeddings=vectors)
                 group, size = [], 0
         timings["embed_s"] = time.perf_counter() - t0
         return cls(bank, made, timings)

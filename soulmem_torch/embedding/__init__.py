@@ -50,6 +50,7 @@ if TYPE_CHECKING:
         string_scores,
     )
     from soulmem_torch.embedding.note_embedding import (
+        embed_note_groups,
         embed_notes,
         embed_notes_plain,
         embed_texts,
@@ -84,6 +85,7 @@ __all__ = [
     "as_query",
     "build_identifier_index",
     "chunk_text",
+    "embed_note_groups",
     "embed_notes",
     "embed_notes_plain",
     "embed_queries",
@@ -104,6 +106,7 @@ _LAZY = {
     "build_identifier_index": "identifiers",
     "query_identifiers": "identifiers",
     "string_scores": "identifiers",
+    "embed_note_groups": "note_embedding",
     "embed_notes": "note_embedding",
     "embed_notes_plain": "note_embedding",
     "embed_texts": "note_embedding",

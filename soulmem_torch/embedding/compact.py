@@ -28,10 +28,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from soulmem_torch.embedding.fields import FIELD_INDEX, FIELD_NAMES, MemoryEmbedding
+from soulmem_torch.errors import ValidationError
 from soulmem_torch.functional.sparse_rows import SPARSE_MAX_DENSITY, SparseRows
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "compact_embedding",
     "compact_ref",
     "pack_embeddings",
+    "pack_rows",
     "stack_sparse_tables",
 ]
 
@@ -351,6 +354,78 @@ def pack_embeddings(
         return None
     tag, _, rows, pos = stacked
     return share_tables(CompactVectors(tag, rows, pos), embeddings)
+
+
+def pack_rows(
+    rows: Tensor,
+    tag_row: Sequence[int],
+    fields: Sequence[dict[str, int]],
+    sizes: Sequence[int],
+) -> list[list[MemoryEmbedding]] | None:
+    """The notes of each group as compact embeddings of the group's own
+    :class:`CompactVectors`: the table :func:`pack_embeddings` would pack the group's dense
+    views into (``MemoryCluster.add_notes``), the same tensors, built from the distinct vectors
+    ``rows`` with whole-array steps instead of a pass over every note's vectors.
+
+    Args:
+        rows: shape (K, D). The distinct vectors (what :func:`~soulmem_torch.embedding.embed_notes`
+            hands out views of).
+        tag_row: shape (N,). Row of each note's tag.
+        fields: N dicts. Each note's fields (name → row), in the note's order.
+        sizes: notes per group, summing to N (the notes of group ``g`` follow group ``g - 1``'s).
+
+    ``None`` (the caller keeps the dense views) where :func:`pack_embeddings` would leave a
+    group's vectors dense: not float32 CPU, narrower than ``COMPACT_MIN_WIDTH``, a value not
+    finite, a group more than ``COMPACT_MAX_DENSITY`` non-zero, or a field name outside
+    ``FIELD_NAMES``."""
+    n, f = len(tag_row), len(FIELD_NAMES)
+    if len(fields) != n or sum(sizes) != n:
+        raise ValidationError(
+            f"fields / sizes: expected {n} notes (one per tag_row entry), found "
+            f"{len(fields)} / {sum(sizes)}"
+        )
+    if rows.dim() != 2 or rows.dtype is not _F32 or rows.device != _CPU:
+        return None
+    k, d = (int(s) for s in rows.shape)
+    if d < COMPACT_MIN_WIDTH:
+        return None
+    index_of = FIELD_INDEX.get
+    names = [tuple(fs) for fs in fields]
+    counts = np.fromiter(map(len, names), np.int64, n)
+    field_j = np.fromiter(
+        (index_of(name, -1) for fs in names for name in fs), np.int64, int(counts.sum())
+    )
+    if (field_j < 0).any():
+        return None
+    field_r = np.fromiter((r for fs in fields for r in fs.values()), np.int64, len(field_j))
+    entry_note = np.repeat(np.arange(n, dtype=np.int64), counts)
+    with torch.no_grad():
+        table = SparseRows.from_dense(rows)
+    if table.nnz and not bool(torch.isfinite(table.val).all()):
+        return None
+    tags = torch.as_tensor(np.asarray(tag_row, dtype=np.int64))
+    note_cut = np.concatenate(([0], np.cumsum(np.asarray(sizes, dtype=np.int64))))
+    entry_cut = np.searchsorted(entry_note, note_cut)
+    out: list[list[MemoryEmbedding]] = []
+    for g in range(len(sizes)):
+        a, b = int(note_cut[g]), int(note_cut[g + 1])
+        ea, eb = int(entry_cut[g]), int(entry_cut[g + 1])
+        # each field's distinct rows in order of their first note, the fields in FIELD_NAMES
+        # order: stack_sparse_tables' layout (its vectors are the distinct rows here)
+        key = field_j[ea:eb] * max(k, 1) + field_r[ea:eb]
+        distinct, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        order = np.lexsort((first, distinct // max(k, 1)))
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order), dtype=np.int64)
+        tag = table.select(tags[a:b])
+        field_rows = table.select(torch.from_numpy(distinct[order] % max(k, 1)))
+        if tag.nnz + field_rows.nnz > COMPACT_MAX_DENSITY * (len(tag) + len(field_rows)) * d:
+            return None
+        pos = np.full((b - a, f), -1, dtype=np.int32)
+        pos[entry_note[ea:eb] - a, field_j[ea:eb]] = rank[inverse.reshape(-1)]
+        vectors = CompactVectors(tag, field_rows, torch.from_numpy(pos))
+        out.append([compact_embedding(vectors, i, names[a + i]) for i in range(b - a)])
+    return out
 
 
 def share_tables(

@@ -33,6 +33,7 @@ included; chunked text that is empty or whitespace has no chunk and gives the ze
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ import torch
 
 from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.embedding._plan import EmbeddingPlan
+from soulmem_torch.embedding.compact import pack_rows
 from soulmem_torch.embedding.embedder import DEFAULT_CHUNK_CHARS
 from soulmem_torch.embedding.fields import EmbeddedMemoryNote, MemoryEmbedding
 from soulmem_torch.errors import ValidationError
@@ -56,7 +58,13 @@ from soulmem_torch.model import (
     SpecificSituation,
 )
 
-__all__ = ["embed_notes", "embed_notes_plain", "embed_texts", "note_plain_text"]
+__all__ = [
+    "embed_note_groups",
+    "embed_notes",
+    "embed_notes_plain",
+    "embed_texts",
+    "note_plain_text",
+]
 
 _PARTICIPANT_NAME_WEIGHT = 0.7
 """``raw_linear_blend(name, role, 0.7)``: fused = 0.7·name + 0.3·role."""
@@ -238,21 +246,65 @@ def embed_notes(
         >>> sorted(emb.fields), bool((emb.fields["aliases"] == emb.fields["content"]).all())
         (['aliases', 'content', 'description'], True)
     """
+    rows, tag_row, fields = _distinct_rows(notes, embedder, batch_size, chunk_chars, device)
+    return _views(rows, tag_row, fields)
+
+
+def _distinct_rows(
+    notes: Sequence[MemoryNote | EmbeddedMemoryNote],
+    embedder: Any,
+    batch_size: int,
+    chunk_chars: int | None,
+    device: torch.device | str | None,
+) -> tuple[torch.Tensor, list[int], list[dict[str, int]]]:
+    """``(rows (K, D), row of each note's tag, each note's fields as name → row)``: fields
+    built from the same texts with the same weights share one row (views of the same memory:
+    the snapshot's compact layout then stores that vector once)."""
     resolved = [_unwrap(n, i) for i, n in enumerate(notes)]
     plan = EmbeddingPlan(chunk_chars=chunk_chars)
     planner = _NotePlanner(plan)
     layout = [planner.note(note, i) for i, note in enumerate(resolved)]
-    # fields built from the same texts with the same weights share one row (views of the same
-    # memory): the snapshot's compact layout then stores that vector once
     rows, row_of = plan.assemble_distinct(
         embedder, query=False, batch_size=batch_size, device=device
     )
+    tag_row = [row_of[tag] for tag, _ in layout]
+    fields = [{name: row_of[s] for name, s in fs.items()} for _, fs in layout]
+    return rows, tag_row, fields
+
+
+def _views(
+    rows: torch.Tensor, tag_row: Sequence[int], fields: Sequence[dict[str, int]]
+) -> list[MemoryEmbedding]:
     return [
-        MemoryEmbedding(
-            tag=rows[row_of[tag]], fields={name: rows[row_of[s]] for name, s in fields.items()}
-        )
-        for tag, fields in layout
+        MemoryEmbedding(tag=rows[t], fields={name: rows[r] for name, r in fs.items()})
+        for t, fs in zip(tag_row, fields)
     ]
+
+
+@gc_paused()
+def embed_note_groups(
+    groups: Sequence[Sequence[MemoryNote | EmbeddedMemoryNote]],
+    embedder: Any,
+    *,
+    batch_size: int = 256,
+    chunk_chars: int | None = DEFAULT_CHUNK_CHARS,
+) -> list[list[MemoryEmbedding]]:
+    """:func:`embed_notes` of several groups of notes (a bank's agents) in one plan — a
+    string several groups hold is embedded once — each group's vectors packed, when they
+    qualify, as :meth:`MemoryCluster.add_notes
+    <soulmem_torch.runtime.cluster.MemoryCluster.add_notes>` would pack that group
+    (:func:`~soulmem_torch.embedding.compact.pack_rows`: the group's own compact table, the
+    same tensors, built without a pass over every note's vectors); else (dense, narrow or
+    non-finite vectors) :func:`embed_notes`' dense views. CPU: where the cluster keeps them."""
+    flat = [note for group in groups for note in group]
+    rows, tag_row, fields = _distinct_rows(flat, embedder, batch_size, chunk_chars, None)
+    sizes = [len(group) for group in groups]
+    packed = pack_rows(rows, tag_row, fields, sizes)
+    if packed is not None:
+        return packed
+    views = _views(rows, tag_row, fields)
+    starts = np.cumsum([0, *sizes]).tolist()
+    return [views[a:b] for a, b in itertools.pairwise(starts)]
 
 
 # -------------------------------------------------------------------------------------------

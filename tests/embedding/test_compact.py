@@ -8,10 +8,16 @@ from __future__ import annotations
 import copy
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
-from soulmem_torch.embedding import MemoryEmbedding, embed_notes, stack_compact_field_embeddings
+from soulmem_torch.embedding import (
+    MemoryEmbedding,
+    embed_note_groups,
+    embed_notes,
+    stack_compact_field_embeddings,
+)
 from soulmem_torch.embedding.compact import (
     CompactVectors,
     compact_ref,
@@ -25,6 +31,7 @@ from soulmem_torch.functional.similarity import note_side_compact
 from soulmem_torch.functional.sparse_rows import SparseRows
 from soulmem_torch.graph import MemoryGraph
 from soulmem_torch.runtime.cluster import MemoryCluster
+from tests.embedding.helpers import random_note
 
 
 def _sparse_embeddings(seed: int = 0, n: int = 30, d: int = 256) -> list[MemoryEmbedding | None]:
@@ -289,3 +296,38 @@ def test_store_blob_of_a_compact_embedding_is_its_dense_blob(seed: int) -> None:
         back = decode_embedding(blob)  # the store keeps fields in FIELD_NAMES order
         assert torch.equal(back.tag, dense.tag) and sorted(back.fields) == sorted(dense.fields)
         assert all(torch.equal(back.fields[k], v) for k, v in dense.fields.items())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_note_groups_are_packed_as_each_cluster_would_pack_them(seed: int) -> None:
+    """``embed_note_groups``: each group's compact table is ``pack_embeddings`` of the group's
+    ``embed_notes`` views, tensor for tensor (every kind of note, shared vectors, an empty
+    group); narrow vectors stay the dense views."""
+    rng = np.random.default_rng(seed)
+    notes = [random_note(rng) for _ in range(40)]
+    groups = [notes[:7], [], notes[7:8], notes[8:25], notes[25:]]
+    emb = HashingEmbedder(dim=256)
+    views = embed_notes(notes, emb)
+    packed = embed_note_groups(groups, emb)
+    assert [len(g) for g in packed] == [len(g) for g in groups]
+    start = 0
+    for group, got in zip(groups, packed):
+        want = pack_embeddings(views[start : start + len(group)], 256) if group else []
+        start += len(group)
+        assert want is not None
+        for w, p in zip(want, got):
+            rw, rp = compact_ref(w), compact_ref(p)
+            assert rp is not None and (rp.index, rp.names) == (rw.index, rw.names)
+        if got:
+            tw, tp = compact_ref(want[0]).table, compact_ref(got[0]).table
+            for a, b in ((tw.tag, tp.tag), (tw.rows, tp.rows)):
+                for part in ("crow", "col", "val"):
+                    x, y = getattr(a, part), getattr(b, part)
+                    assert x.dtype == y.dtype and torch.equal(x, y), part
+            assert tw.pos.dtype == tp.pos.dtype and torch.equal(tw.pos, tp.pos)
+    narrow = embed_note_groups(groups, HashingEmbedder(dim=64))
+    dense = embed_notes(notes, HashingEmbedder(dim=64))
+    flat = [e for g in narrow for e in g]
+    assert all(compact_ref(e) is None for e in flat)
+    for a, b in zip(flat, dense):
+        _same(a, b)
