@@ -130,7 +130,9 @@ def _text_channel(
     built = text_indexes([agent_graph(union, p) for p in asked], [mem_of[p] for p in asked])
     indices: dict[int, Any] = dict(zip(asked, built))
     owners = [p if mem is not None else -1 for p, mem in zip(positions, memories)]  # -1: none
-    return candidate_text_scores(indices, owners, queries, m, device=union.device)
+    return candidate_text_scores(
+        indices, owners, queries, m, device=union.device, cache=union.cache
+    )
 
 
 def _similarity(
