@@ -550,22 +550,24 @@ def candidate_text_scores(
     looking each query's terms up in its own memory's vocabulary.
 
     ``cache``: a dict kept with the memories (a bank's union snapshot's): the end-to-end
-    layout of a set of memories is kept there and reused while the same indexes are asked
-    (checked by identity), so a warm batch of the same agents does not concatenate it again.
+    layout of the latest set of memories asked is kept there (one slot, so a bank asked by
+    ever-changing batches holds one layout, not one per batch) and reused while the same
+    indexes are asked (checked by identity): a warm batch of the same agents does not
+    concatenate it again.
     """
     b = len(queries)
     if len(owners) != b:
         raise ValidationError(f"owners: expected {b} entries (one per query), found {len(owners)}")
     used = sorted(set(owners))
     picked = tuple(indices[p] if p >= 0 else None for p in used)
-    key = ("candidate_text_layout", tuple(used), str(device))
-    kept = None if cache is None else cache.get(key)
-    if kept is not None and all(x is y for x, y in zip(kept[0], picked)):
-        term_base, note_base, term_major, terms = kept[1:]
+    key = (tuple(used), str(device))
+    kept = None if cache is None else cache.get("candidate_text_layout")
+    if kept is not None and kept[0] == key and all(x is y for x, y in zip(kept[1], picked)):
+        term_base, note_base, term_major, terms = kept[2:]
     else:
         term_base, note_base, term_major, terms = _text_layout(used, indices, device)
-        if cache is not None:
-            cache[key] = (picked, term_base, note_base, term_major, terms)
+        if cache is not None:  # one slot: the latest set of memories asked
+            cache["candidate_text_layout"] = (key, picked, term_base, note_base, term_major, terms)
     if term_major is None:
         return torch.zeros(b, int(width), dtype=torch.float64, device=device)
     rows: list[int] = []
