@@ -33,6 +33,7 @@ from soulmem_torch.retrieve.operators import transition, undirected_transition, 
 __all__ = ["DenseStore", "carry_dense", "segment_dense_ppr"]
 
 _F64 = torch.float64
+_BATCH_FLOATS = 1 << 22  # floats of one batched inverse (as ``functional.ppr_dense``'s)
 _I64 = torch.int64
 _SLACK = 4096  # floats kept free past the last block: a row window never leaves the buffer
 
@@ -193,12 +194,14 @@ def _fill(
     undirected: bool,
     *,
     keep: set[int],
+    union_transition: Any = None,
 ) -> None:
     d = float(config.damping_factor)
     # the first ask of an agent (or after it changed): O(n^3) each, same-sized agents' inverses
     # in one batch
-    if union.device.type == "cpu":
-        blocks = _dense_blocks(union, missing, config, undirected, d)
+    if union.device.type == "cpu" and union_transition is not None:
+        op = union_transition(union, config, undirected=undirected)
+        blocks = _dense_blocks(union, op, missing, d)
     else:
         build = undirected_transition if undirected else transition
         operators = [build(agent_graph(union, p), config) for p in missing]
@@ -209,19 +212,14 @@ def _fill(
     store.append(blocks, missing, keep=keep)
 
 
-def _dense_blocks(
-    union: UnionSnapshot, missing: list[int], config: Any, undirected: bool, d: float
-) -> list[Tensor]:
+def _dense_blocks(union: UnionSnapshot, op: Any, missing: list[int], d: float) -> list[Tensor]:
     """Agents ``missing``'s blocks (``M^T`` flattened, then ``g^T M``) read off the union's
     transition (``bank._operators.union_transition``: one vectorized build for every agent,
     the values of each agent's own ``build_transition``): the dense ``P^T`` of all same-sized
     agents scattered in one pass, inverted by one batched ``torch.linalg.inv`` and their
     dangling rows summed in order (``index_add_``) — the bits of ``dense_factors`` on each
-    agent's own operator, without building one operator per agent."""
-    from soulmem_torch.bank._operators import union_transition
-    from soulmem_torch.functional.ppr_dense import _BATCH_FLOATS
-
-    op = union_transition(union, config, undirected=undirected)
+    agent's own operator, without building one operator per agent (``op``: that union
+    operator)."""
     t = op.transpose
     crow, col = t.crow_indices().to(torch.int64), t.col_indices().to(torch.int64)
     val = t.values().to(_F64)
@@ -271,6 +269,7 @@ def segment_dense_ppr(
     oks: Sequence[Tensor],
     *,
     undirected: Sequence[bool],
+    union_transition: Any = None,
 ) -> list[Tensor]:
     """Exact PPR on the agents' blocks (each agent at most ``config.power_dense_max_nodes``
     notes), one channel per ``undirected`` flag (the ``graph_undirected`` channel's operator
@@ -283,6 +282,9 @@ def segment_dense_ppr(
         keys: (B, M) bool, the keys.
         oks: per channel, (B,) bool, the rows to answer.
         undirected: per channel, which operator.
+        union_transition: ``bank._operators.union_transition`` (passed in: that module imports
+            this one): a first ask's missing agents' factors are read off the union's
+            transition on the CPU; ``None`` → each agent's own operator.
     """
     b, m = weights.shape
     device = weights.device
@@ -313,7 +315,10 @@ def segment_dense_ppr(
         store.touch(asked)
         missing = involved[store.start_tensor(device).index_select(0, involved) < 0].tolist()
         if missing:
-            _fill(union, store, missing, config, flag, keep=set(asked))
+            _fill(
+                union, store, missing, config, flag, keep=set(asked),
+                union_transition=union_transition,
+            )  # fmt: skip
         start = store.start_tensor(device).index_select(0, agent)
         # row ``node`` of each entry's block: ``width`` floats from its first (one window
         # gather; the buffer keeps ``width`` floats of slack past its end), past ``n`` zeroed

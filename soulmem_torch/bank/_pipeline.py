@@ -22,7 +22,7 @@ from torch import Tensor
 from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.bank._bayes import candidate_bayes
 from soulmem_torch.bank._dense import segment_dense_ppr
-from soulmem_torch.bank._operators import segment_power_ppr_channels
+from soulmem_torch.bank._operators import segment_power_ppr_channels, union_transition
 from soulmem_torch.bank._union import (
     UnionSnapshot,
     agent_graph,
@@ -215,11 +215,17 @@ def _association(
         outs = segment_power_ppr_channels(
             union, config, agents, weights, keys, iterate, undirected=flags
         )
-        solved = segment_dense_ppr(union, config, agents, weights, keys, exact, undirected=flags)
+        solved = segment_dense_ppr(
+            union, config, agents, weights, keys, exact, undirected=flags,
+            union_transition=union_transition,
+        )  # fmt: skip
         for c in range(len(flags)):
             outs[c] = torch.where(exact[c].unsqueeze(1), solved[c], outs[c])
     else:  # every row is exact (or not power): zero elsewhere already
-        outs = segment_dense_ppr(union, config, agents, weights, keys, exact, undirected=flags)
+        outs = segment_dense_ppr(
+            union, config, agents, weights, keys, exact, undirected=flags,
+            union_transition=union_transition,
+        )  # fmt: skip
     scores = outs[0]
     both = outs[1] if undirected else None
     other = (ok & ~is_power).nonzero().reshape(-1).tolist()

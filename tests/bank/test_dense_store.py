@@ -168,9 +168,9 @@ def test_add_notes_refills_only_the_changed_agent(monkeypatch) -> None:
     calls = []
     real = _dense._dense_blocks
 
-    def spy(union, missing, config, undirected, d):
+    def spy(union, op, missing, d):
         calls.extend(int(union.sizes[p]) for p in missing)
-        return real(union, missing, config, undirected, d)
+        return real(union, op, missing, d)
 
     monkeypatch.setattr(_dense, "_dense_blocks", spy)
     assert bank.add_notes("a", sample_notes(list(range(70, 77)))) == 7
@@ -370,12 +370,12 @@ def test_dense_blocks_read_off_the_union_equal_each_agents_own_factors(monkeypat
     union = bank.union()
     cfg = AssociationConfig(preference="Semantic")
     missing = [5, 0, 2, 1, 4, 3]
-    import importlib
+    from soulmem_torch.bank._operators import union_transition
 
-    ppr_dense = importlib.import_module("soulmem_torch.functional.ppr_dense")
-    monkeypatch.setattr(ppr_dense, "_BATCH_FLOATS", 250)  # chunks of at most 2
+    monkeypatch.setattr(_dense, "_BATCH_FLOATS", 250)  # chunks of at most 2
     for undirected in (False, True):
-        got = _dense._dense_blocks(union, missing, cfg, undirected, 0.7)
+        op = union_transition(union, cfg, undirected=undirected)
+        got = _dense._dense_blocks(union, op, missing, 0.7)
         build = undirected_transition if undirected else transition
         operators = [build(agent_graph(union, p), cfg) for p in missing]
         want = dense_factors_many(operators, 0.7, cache=False)
