@@ -33,6 +33,7 @@ from soulmem_torch.retrieve.operators import transition, undirected_transition, 
 __all__ = ["DenseStore", "carry_dense", "segment_dense_ppr"]
 
 _F64 = torch.float64
+_BATCH_FLOATS = 1 << 22  # floats of one batched inverse (as ``functional.ppr_dense``'s)
 _I64 = torch.int64
 _SLACK = 4096  # floats kept free past the last block: a row window never leaves the buffer
 
@@ -193,17 +194,70 @@ def _fill(
     undirected: bool,
     *,
     keep: set[int],
+    union_transition: Any = None,
 ) -> None:
-    build = undirected_transition if undirected else transition
     d = float(config.damping_factor)
     # the first ask of an agent (or after it changed): O(n^3) each, same-sized agents' inverses
     # in one batch
-    operators = [build(agent_graph(union, p), config) for p in missing]
-    blocks = [
-        torch.cat([f.inverse_t.reshape(-1), f.dangling_mass])
-        for f in dense_factors_many(operators, d, cache=False)
-    ]
+    if union.device.type == "cpu" and union_transition is not None:
+        op = union_transition(union, config, undirected=undirected)
+        blocks = _dense_blocks(union, op, missing, d)
+    else:
+        build = undirected_transition if undirected else transition
+        operators = [build(agent_graph(union, p), config) for p in missing]
+        blocks = [
+            torch.cat([f.inverse_t.reshape(-1), f.dangling_mass])
+            for f in dense_factors_many(operators, d, cache=False)
+        ]
     store.append(blocks, missing, keep=keep)
+
+
+def _dense_blocks(union: UnionSnapshot, op: Any, missing: list[int], d: float) -> list[Tensor]:
+    """Agents ``missing``'s blocks (``M^T`` flattened, then ``g^T M``) read off the union's
+    transition (``bank._operators.union_transition``: one vectorized build for every agent,
+    the values of each agent's own ``build_transition``): the dense ``P^T`` of all same-sized
+    agents scattered in one pass, inverted by one batched ``torch.linalg.inv`` and their
+    dangling rows summed in order (``index_add_``) — the bits of ``dense_factors`` on each
+    agent's own operator, without building one operator per agent (``op``: that union
+    operator)."""
+    t = op.transpose
+    crow, col = t.crow_indices().to(torch.int64), t.col_indices().to(torch.int64)
+    val = t.values().to(_F64)
+    miss = torch.tensor(missing, dtype=torch.int64, device=union.device)
+    sizes = union.sizes.index_select(0, miss)
+    blocks: list[Tensor | None] = [None] * len(missing)
+    for n in torch.unique(sizes).tolist():  # one pass per distinct agent size
+        members = (sizes == n).nonzero().reshape(-1)
+        if n == 0:
+            for g in members.tolist():
+                blocks[g] = torch.zeros(0, dtype=_F64, device=union.device)
+            continue
+        step = max(1, _BATCH_FLOATS // (n * n))
+        for lo in range(0, int(members.numel()), step):
+            chunk = members[lo : lo + step]
+            k = int(chunk.numel())
+            first = union.ptr.index_select(0, miss.index_select(0, chunk))  # (k,)
+            local = torch.arange(n, device=union.device)
+            nodes = (first.unsqueeze(1) + local).reshape(-1)  # (k·n,) union rows, agent-major
+            start = crow.index_select(0, nodes)
+            length = crow.index_select(0, nodes + 1) - start
+            row = torch.repeat_interleave(torch.arange(k * n, device=union.device), length)
+            pos = torch.repeat_interleave(start - (torch.cumsum(length, 0) - length), length)
+            pos += torch.arange(int(row.numel()), device=union.device)
+            src = col.index_select(0, pos) - first.index_select(0, row // n)
+            dense = torch.zeros(k * n * n, dtype=_F64, device=union.device)
+            dense[row * n + src] = val.index_select(0, pos)  # each (target, source) once
+            a = torch.eye(n, dtype=_F64, device=union.device).repeat(k, 1, 1)
+            a.sub_(dense.view(k, n, n), alpha=d)
+            inverses = torch.linalg.inv(a)
+            dangling = (op.out_degree.index_select(0, nodes) == 0).nonzero().reshape(-1)
+            mass = torch.zeros(k, n, dtype=_F64, device=union.device).index_add_(
+                0, dangling // n, inverses.reshape(k * n, n).index_select(0, dangling)
+            )
+            rows = torch.cat([inverses.transpose(1, 2).reshape(k, n * n), mass], dim=1)
+            for g, block in zip(chunk.tolist(), rows.unbind(0)):
+                blocks[g] = block
+    return blocks  # type: ignore[return-value]
 
 
 def segment_dense_ppr(
@@ -215,6 +269,7 @@ def segment_dense_ppr(
     oks: Sequence[Tensor],
     *,
     undirected: Sequence[bool],
+    union_transition: Any = None,
 ) -> list[Tensor]:
     """Exact PPR on the agents' blocks (each agent at most ``config.power_dense_max_nodes``
     notes), one channel per ``undirected`` flag (the ``graph_undirected`` channel's operator
@@ -227,6 +282,9 @@ def segment_dense_ppr(
         keys: (B, M) bool, the keys.
         oks: per channel, (B,) bool, the rows to answer.
         undirected: per channel, which operator.
+        union_transition: ``bank._operators.union_transition`` (passed in: that module imports
+            this one): a first ask's missing agents' factors are read off the union's
+            transition on the CPU; ``None`` → each agent's own operator.
     """
     b, m = weights.shape
     device = weights.device
@@ -257,7 +315,10 @@ def segment_dense_ppr(
         store.touch(asked)
         missing = involved[store.start_tensor(device).index_select(0, involved) < 0].tolist()
         if missing:
-            _fill(union, store, missing, config, flag, keep=set(asked))
+            _fill(
+                union, store, missing, config, flag, keep=set(asked),
+                union_transition=union_transition,
+            )  # fmt: skip
         start = store.start_tensor(device).index_select(0, agent)
         # row ``node`` of each entry's block: ``width`` floats from its first (one window
         # gather; the buffer keeps ``width`` floats of slack past its end), past ``n`` zeroed

@@ -22,7 +22,7 @@ from torch import Tensor
 from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.bank._bayes import candidate_bayes
 from soulmem_torch.bank._dense import segment_dense_ppr
-from soulmem_torch.bank._operators import segment_power_ppr_channels
+from soulmem_torch.bank._operators import segment_power_ppr_channels, union_transition
 from soulmem_torch.bank._union import (
     UnionSnapshot,
     agent_graph,
@@ -130,7 +130,9 @@ def _text_channel(
     built = text_indexes([agent_graph(union, p) for p in asked], [mem_of[p] for p in asked])
     indices: dict[int, Any] = dict(zip(asked, built))
     owners = [p if mem is not None else -1 for p, mem in zip(positions, memories)]  # -1: none
-    return candidate_text_scores(indices, owners, queries, m, device=union.device)
+    return candidate_text_scores(
+        indices, owners, queries, m, device=union.device, cache=union.cache
+    )
 
 
 def _similarity(
@@ -213,11 +215,17 @@ def _association(
         outs = segment_power_ppr_channels(
             union, config, agents, weights, keys, iterate, undirected=flags
         )
-        solved = segment_dense_ppr(union, config, agents, weights, keys, exact, undirected=flags)
+        solved = segment_dense_ppr(
+            union, config, agents, weights, keys, exact, undirected=flags,
+            union_transition=union_transition,
+        )  # fmt: skip
         for c in range(len(flags)):
             outs[c] = torch.where(exact[c].unsqueeze(1), solved[c], outs[c])
     else:  # every row is exact (or not power): zero elsewhere already
-        outs = segment_dense_ppr(union, config, agents, weights, keys, exact, undirected=flags)
+        outs = segment_dense_ppr(
+            union, config, agents, weights, keys, exact, undirected=flags,
+            union_transition=union_transition,
+        )  # fmt: skip
     scores = outs[0]
     both = outs[1] if undirected else None
     other = (ok & ~is_power).nonzero().reshape(-1).tolist()

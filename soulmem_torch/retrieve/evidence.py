@@ -116,10 +116,16 @@ def _terms_of_index(cluster: Any) -> Any:
     return _IndexTerms(graph, index)
 
 
-def _reach_terms(cluster: Any, note_id: Any) -> frozenset[str]:
+def _reach_cache(cluster: Any) -> tuple[Any, dict[Any, frozenset[str]]]:
+    """``(note terms, reach terms)`` of this cluster version (built empty, filled per note)."""
+    return cluster.derived(("evidence_terms",), lambda: (_terms_of_index(cluster), {}))
+
+
+def _reach_terms(cluster: Any, note_id: Any, caches: Any = None) -> frozenset[str]:
     """The terms of a note and of its neighbours (one hop, either way), cached per cluster
-    version: after a note's first check, checking it is one set intersection."""
-    own, reach = cluster.derived(("evidence_terms",), lambda: (_terms_of_index(cluster), {}))
+    version (``caches``: :func:`_reach_cache`'s pair, read once per filter call): after a
+    note's first check, checking it is one set intersection."""
+    own, reach = _reach_cache(cluster) if caches is None else caches
     terms = reach.get(note_id)
     if terms is None:
         neighbours = [lk.to for lk in cluster.out_links(note_id)]
@@ -138,9 +144,14 @@ def keep_matching(
     if not terms:
         return [[] for _ in lists]
     isdisjoint = terms.isdisjoint
-    return [
-        [row for row in rows if not isdisjoint(_reach_terms(cluster, row[0]))] for rows in lists
-    ]
+    caches = _reach_cache(cluster)  # one locked lookup per call, not one per row
+    known = caches[1].get
+
+    def reach(note_id: Any) -> frozenset[str]:
+        found = known(note_id)
+        return found if found is not None else _reach_terms(cluster, note_id, caches)
+
+    return [[row for row in rows if not isdisjoint(reach(row[0]))] for rows in lists]
 
 
 def filter_result(cluster: Any, question: Any, result: Any) -> Any:

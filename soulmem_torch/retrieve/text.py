@@ -536,6 +536,7 @@ def candidate_text_scores(
     width: int,
     *,
     device: torch.device,
+    cache: dict[Any, Any] | None = None,
 ) -> Tensor:
     """BM25 of each query against its own memory's notes, many memories in one pass:
     (B, width) float64, row ``b`` the scores of ``indices[owners[b]]``'s notes in graph order
@@ -547,35 +548,28 @@ def candidate_text_scores(
     and every query's postings are summed by one
     :func:`~soulmem_torch.functional.fusion.bm25_candidate_scores`; the only Python work is
     looking each query's terms up in its own memory's vocabulary.
+
+    ``cache``: a dict kept with the memories (a bank's union snapshot's): the end-to-end
+    layout of the latest set of memories asked is kept there (one slot, so a bank asked by
+    ever-changing batches holds one layout, not one per batch) and reused while the same
+    indexes are asked (checked by identity): a warm batch of the same agents does not
+    concatenate it again.
     """
     b = len(queries)
     if len(owners) != b:
         raise ValidationError(f"owners: expected {b} entries (one per query), found {len(owners)}")
     used = sorted(set(owners))
-    term_base: dict[int, int] = {}
-    note_base: dict[int, int] = {}
-    parts_t, parts_n, parts_w = [], [], []
-    terms = notes = 0
-    for p in used:
-        index = indices[p] if p >= 0 else None
-        if index is None or not index.vocab:
-            continue
-        t_of, n_of = index.term_major.indices()
-        term_base[p], note_base[p] = terms, notes
-        parts_t.append(t_of.to(device) + terms)
-        parts_n.append(n_of.to(device) + notes)
-        parts_w.append(index.term_major.values().to(device))
-        terms += len(index.vocab)
-        notes += int(index.weights.shape[0])
-    if not parts_t:
+    picked = tuple(indices[p] if p >= 0 else None for p in used)
+    key = (tuple(used), str(device))
+    kept = None if cache is None else cache.get("candidate_text_layout")
+    if kept is not None and kept[0] == key and all(x is y for x, y in zip(kept[1], picked)):
+        term_base, note_base, term_major, terms = kept[2:]
+    else:
+        term_base, note_base, term_major, terms = _text_layout(used, indices, device)
+        if cache is not None:  # one slot: the latest set of memories asked
+            cache["candidate_text_layout"] = (key, picked, term_base, note_base, term_major, terms)
+    if term_major is None:
         return torch.zeros(b, int(width), dtype=torch.float64, device=device)
-    term_major = torch.sparse_coo_tensor(
-        torch.stack([torch.cat(parts_t), torch.cat(parts_n)]),
-        torch.cat(parts_w),
-        (terms, notes),
-        is_coalesced=True,  # each memory's rows are coalesced, and the memories follow in order
-        check_invariants=False,
-    )
     rows: list[int] = []
     cols: list[int] = []
     first = [0] * b
@@ -596,3 +590,38 @@ def candidate_text_scores(
     ).to(device)
     first_note = torch.tensor(first, dtype=torch.int64, device=device)
     return bm25_candidate_scores(query_terms, term_major, first_note, width)
+
+
+def _text_layout(
+    used: Sequence[int],
+    indices: Mapping[int, TextIndex | None] | Sequence[TextIndex | None],
+    device: torch.device,
+) -> tuple[dict[int, int], dict[int, int], Tensor | None, int]:
+    """The term-major weights of the memories ``used`` laid end to end:
+    ``(term offset per memory, note offset per memory, (terms, notes) sparse COO or None when
+    no memory has an index, number of terms)``."""
+    term_base: dict[int, int] = {}
+    note_base: dict[int, int] = {}
+    parts_t, parts_n, parts_w = [], [], []
+    terms = notes = 0
+    for p in used:
+        index = indices[p] if p >= 0 else None
+        if index is None or not index.vocab:
+            continue
+        t_of, n_of = index.term_major.indices()
+        term_base[p], note_base[p] = terms, notes
+        parts_t.append(t_of.to(device) + terms)
+        parts_n.append(n_of.to(device) + notes)
+        parts_w.append(index.term_major.values().to(device))
+        terms += len(index.vocab)
+        notes += int(index.weights.shape[0])
+    if not parts_t:
+        return term_base, note_base, None, 0
+    term_major = torch.sparse_coo_tensor(
+        torch.stack([torch.cat(parts_t), torch.cat(parts_n)]),
+        torch.cat(parts_w),
+        (terms, notes),
+        is_coalesced=True,  # each memory's rows are coalesced, and the memories follow in order
+        check_invariants=False,
+    )
+    return term_base, note_base, term_major, terms

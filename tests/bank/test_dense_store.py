@@ -166,13 +166,13 @@ def test_add_notes_refills_only_the_changed_agent(monkeypatch) -> None:
         assert min(start) >= 0 and length == [n * n + n for n in sizes]
 
     calls = []
-    real = _dense.dense_factors_many
+    real = _dense._dense_blocks
 
-    def spy(operators, damping, **kwargs):
-        calls.extend(operator.num_nodes for operator in operators)
-        return real(operators, damping, **kwargs)
+    def spy(union, op, missing, d):
+        calls.extend(int(union.sizes[p]) for p in missing)
+        return real(union, op, missing, d)
 
-    monkeypatch.setattr(_dense, "dense_factors_many", spy)
+    monkeypatch.setattr(_dense, "_dense_blocks", spy)
     assert bank.add_notes("a", sample_notes(list(range(70, 77)))) == 7
     sizes = [17, 40, 30]
     weights, keys = seeds(sizes, [*positions, 0, 0], 2, torch.device("cpu"))
@@ -353,3 +353,32 @@ def test_cache_limit_must_be_a_byte_count(monkeypatch) -> None:
     monkeypatch.setenv("SOULMEM_DENSE_CACHE_BYTES", "-1")
     with pytest.raises(ValidationError, match=">= 0"):
         _dense.cache_limit()
+
+
+def test_dense_blocks_read_off_the_union_equal_each_agents_own_factors(monkeypatch) -> None:
+    """The batched fill (every missing agent's dense ``P^T`` scattered from the union's
+    transition, one batched inverse per size, chunked) has the bits of ``dense_factors`` on
+    each agent's own operator, both channels, same-sized and lone agents."""
+    from soulmem_torch.bank._union import agent_graph
+    from soulmem_torch.functional.ppr_dense import dense_factors_many
+    from soulmem_torch.retrieve.operators import transition, undirected_transition
+
+    bank = MemoryBank()
+    spans = [(0, 10), (10, 20), (20, 50), (40, 70), (5, 15), (30, 60)]
+    for a, (lo, hi) in enumerate(spans):
+        bank.add_agent(f"a{a}", sample_notes(list(range(lo, hi))))
+    union = bank.union()
+    cfg = AssociationConfig(preference="Semantic")
+    missing = [5, 0, 2, 1, 4, 3]
+    from soulmem_torch.bank._operators import union_transition
+
+    monkeypatch.setattr(_dense, "_BATCH_FLOATS", 250)  # chunks of at most 2
+    for undirected in (False, True):
+        op = union_transition(union, cfg, undirected=undirected)
+        got = _dense._dense_blocks(union, op, missing, 0.7)
+        build = undirected_transition if undirected else transition
+        operators = [build(agent_graph(union, p), cfg) for p in missing]
+        want = dense_factors_many(operators, 0.7, cache=False)
+        assert len(got) == len(missing)
+        for block, f in zip(got, want):
+            assert torch.equal(block, torch.cat([f.inverse_t.reshape(-1), f.dangling_mass]))

@@ -324,6 +324,26 @@ def test_candidate_text_scores_equal_each_memory_alone() -> None:
     with pytest.raises(ValidationError, match="owners"):
         candidate_text_scores(indices, owners[:2], queries, 4, device=torch.device("cpu"))
 
+    # a kept layout (a bank's union cache): the same bits, reused for the same memories,
+    # rebuilt for another set of memories or a memory with a new index
+    cpu, cache = torch.device("cpu"), {}
+    assert torch.equal(
+        candidate_text_scores(indices, owners, queries, 4, device=cpu, cache=cache), got
+    )
+    kept = cache["candidate_text_layout"]
+    assert torch.equal(
+        candidate_text_scores(indices, owners, queries, 4, device=cpu, cache=cache), got
+    )
+    assert cache["candidate_text_layout"] is kept
+    fewer = candidate_text_scores(indices, [3, 3], queries[:2], 4, device=cpu, cache=cache)
+    assert torch.equal(fewer, candidate_text_scores(indices, [3, 3], queries[:2], 4, device=cpu))
+    assert cache["candidate_text_layout"] is not kept
+    changed = list(indices)
+    changed[3] = build_text_index(notes("tea", "museum"), device=cpu)
+    again = candidate_text_scores(changed, [3, 3], queries[:2], 4, device=cpu, cache=cache)
+    assert torch.equal(again, candidate_text_scores(changed, [3, 3], queries[:2], 4, device=cpu))
+    assert not torch.equal(again, fewer)
+
 
 def test_rank_fusion_weights_and_dispersion() -> None:
     from soulmem_torch.functional.fusion import family_weights, score_dispersion
