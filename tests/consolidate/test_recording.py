@@ -11,6 +11,7 @@ from soulmem_torch import MemoryBank, SoulMem
 from soulmem_torch.data import sample_memory_path
 from soulmem_torch.forget.decay import ebbinghaus_decay_batch, note_time_tensors
 from soulmem_torch.model.soul_tune import load_soul_tune_graph
+from soulmem_torch.model.timestamp import Timestamp
 
 QUESTION = "a rainy afternoon at the café"
 
@@ -46,7 +47,11 @@ def test_bank_records_per_agent():
     assert all(r2.retrieval_count == 0 for r2 in bank.agent("b").working_memory.records.values())
 
 
-def test_repeated_question_strengthens_links_and_slows_forgetting():
+def test_repeated_question_strengthens_links_and_slows_forgetting(monkeypatch):
+    # one clock for the whole test: a record's rate is count / its span in whole seconds, so a
+    # second boundary between two asks would rank the hot notes differently (a flaky test)
+    frozen = Timestamp.now()
+    monkeypatch.setattr(Timestamp, "now", classmethod(lambda cls: frozen))
     mem = SoulMem.from_graph_file(sample_memory_path())
     (first,) = mem.ask(QUESTION, record=False)
     returned = _returned(first)
