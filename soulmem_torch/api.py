@@ -518,7 +518,7 @@ class SoulMem:
 
     def _save_changes(self, path: str | Path, keep_versions: int | None) -> dict[str, Any] | None:
         """:meth:`save` back to the store this memory was loaded from or saved to, writing only
-        what changed since (docs/spec.md §9 "incremental saves"): the notes added, replaced,
+        what changed since (docs/spec.md §12 "incremental saves"): the notes added, replaced,
         removed or declared changed (``MemoryCluster.take_changes``), the records opened or
         changed, the readable ids given. ``None``: not expressible as changes (a readable id
         was dropped from a kept note) — the caller saves the whole memory."""

@@ -803,7 +803,7 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 
 def split_records(records: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """``records_to_json`` output as what a version keeps (everything but the list, marked
-    ``"rows": True``) and one ``(note id, record JSON)`` row per record (docs/spec.md §9:
+    ``"rows": True``) and one ``(note id, record JSON)`` row per record (docs/spec.md §12:
     records are rows, written only when they change)."""
     import json
 
