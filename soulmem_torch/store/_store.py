@@ -479,14 +479,7 @@ class MemoryStore:
         """Removes notes by id, as one new version that deletes only those rows (ids not in
         the store are ignored). Their rows stay in the change log (``restore`` brings them
         back)."""
-        wanted = []
-        for i, mid in enumerate(ids):
-            try:
-                wanted.append(str(MemoryId(str(mid))))
-            except ValueError:
-                raise ValidationError(
-                    f"ids[{i}]: expected a note id (UUID), found {mid!r}"
-                ) from None
+        wanted = _id_texts(ids, "ids")
         with self.lock():
             live = self._live_locked()
             if base_version is not ... and base_version != live:
