@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import GetCoreSchemaHandler
-from pydantic_core import core_schema
+from pydantic_core import PydanticCustomError, core_schema
 
 __all__ = ["ExternallyTagged"]
 
@@ -31,42 +31,49 @@ class ExternallyTagged:
 
     def _level(
         self, entries: dict[tuple[str, ...], type], handler: GetCoreSchemaHandler
-    ) -> core_schema.CoreSchema:
+    ) -> tuple[core_schema.CoreSchema, core_schema.CoreSchema]:
+        """``(validator, description)`` of one level of the enum. The validator is a typed
+        dict with one optional key per tag (pydantic-core parses the present variant
+        straight from JSON, with no Python call before it) and a check that exactly one
+        known key is present; the description is a union of one-key objects (what the JSON
+        Schema shows)."""
         groups: dict[str, dict[tuple[str, ...], type]] = {}
         for path, cls in entries.items():
             groups.setdefault(path[0], {})[path[1:]] = cls
-        choices: dict[Any, core_schema.CoreSchema] = {}
+        fields: dict[str, core_schema.TypedDictField] = {}
+        shapes: dict[Any, core_schema.CoreSchema] = {}
         for tag, sub in groups.items():
             if () in sub:
-                inner = handler.generate_schema(sub[()])
+                inner = described = handler.generate_schema(sub[()])
             else:
-                inner = self._level(sub, handler)
-            wrapped = core_schema.typed_dict_schema(
-                {tag: core_schema.typed_dict_field(inner, required=True)},
+                inner, described = self._level(sub, handler)
+            fields[tag] = core_schema.typed_dict_field(inner, required=False)
+            shapes[tag] = core_schema.typed_dict_schema(
+                {tag: core_schema.typed_dict_field(described, required=True)},
                 extra_behavior="forbid",
             )
-            choices[tag] = core_schema.no_info_after_validator_function(
-                lambda d, tag=tag: d[tag], wrapped
-            )
         tags = sorted(groups)
+        message = f"expected an object with exactly one key, one of {tags}"
 
-        def discriminate(value: Any) -> str | None:
-            if isinstance(value, dict) and len(value) == 1:
-                (key,) = value
-                return key if key in groups else None
-            return None
+        def pick(value: dict[str, Any]) -> Any:
+            if len(value) == 1:
+                ((key, out),) = value.items()
+                if key in groups:
+                    return out
+            raise PydanticCustomError("externally_tagged_enum", message)
 
-        return core_schema.tagged_union_schema(
-            choices,
-            discriminate,
-            custom_error_type="externally_tagged_enum",
-            custom_error_message=f"expected an object with exactly one key, one of {tags}",
+        validator = core_schema.no_info_after_validator_function(
+            pick,
+            core_schema.typed_dict_schema(
+                fields, extra_behavior="allow", extras_schema=core_schema.any_schema()
+            ),
         )
+        return validator, core_schema.tagged_union_schema(shapes, discriminator=_only_key)
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
-        tagged = self._level(self.variants, handler)
+        tagged, described = self._level(self.variants, handler)
         classes = tuple(self.variants.values())
 
         def accept_instances(value: Any, handler: Any) -> Any:
@@ -86,4 +93,10 @@ class ExternallyTagged:
             serialization=core_schema.plain_serializer_function_ser_schema(
                 serialize, return_schema=core_schema.any_schema()
             ),
+            metadata={"pydantic_js_functions": [lambda _schema, js: js(described)]},
         )
+
+
+def _only_key(value: Any) -> str | None:
+    """The tag of a one-key object (the description's discriminator; never validates)."""
+    return next(iter(value)) if isinstance(value, dict) and len(value) == 1 else None
