@@ -119,6 +119,12 @@ class SoulMem:
     def cluster(self) -> Any:
         return self.working_memory.cluster
 
+    @property
+    def loaded_from(self) -> Path | None:
+        """The store directory (resolved) this memory was loaded from or last saved to, whose
+        :meth:`save` writes only what changed since; ``None`` for a memory never saved."""
+        return None if self._origin is None else self._origin[0]
+
     def __len__(self) -> int:
         return len(self.cluster)
 
