@@ -203,7 +203,7 @@ def stack_sparse_tables(
     # sources: 0 = the dense vectors (stacked), k >= 1 = the k-th compact table
     tables: dict[int, int] = {}
     table_list: list[CompactVectors] = []
-    pos_lists: list[list[list[int]]] = []
+    pos_arrays: list[Any] = []  # each table's pos (numpy): a note's row read when met
     dense: list[Tensor] = []
     tag_src: list[tuple[int, int]] = []  # per note: (source, row) or (-1, 0) no embedding
     per_field: list[list[tuple[int, int]]] = [[] for _ in range(f)]
@@ -224,9 +224,9 @@ def stack_sparse_tables(
             if k is None:
                 k = tables[id(table)] = len(table_list) + 1
                 table_list.append(table)
-                pos_lists.append(table.pos.tolist())
+                pos_arrays.append(table.arrays()[6])  # (not .tolist(): a bank's table is big)
             tag_src.append((k, ref.index))
-            row = pos_lists[k - 1][ref.index]
+            row = pos_arrays[k - 1][ref.index].tolist()
             for name in ref.names:
                 j = index_of(name)
                 if j is None or row[j] < 0:
