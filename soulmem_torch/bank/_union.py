@@ -633,7 +633,7 @@ def structured_similarity(
     qtag = normalize_rows(q.tag)
     q_zero = ~(q.tag != 0).any(dim=-1)
     # per query: its candidates' (M, F) row numbers and masks, and ~16 (U, M) cosine planes
-    u = int(q.field.shape[1])
+    u = q.num_units
     for sl in _chunks(b, m * (2 * int(notes.index.shape[1]) + 16 * max(u, 1))):
         ix = idx[sl]
         ntype = union.node_type[ix]
@@ -646,12 +646,12 @@ def structured_similarity(
         sit = (k == QUERY_SITUATION).nonzero().squeeze(1)
         rows = torch.arange(sl.start, sl.stop, device=device)
         if sem.numel():
-            qs = QueryFields(q.field, rows[sem], qm[rows[sem]])
+            qs = QueryFields(q, rows[sem], qm[rows[sem]])
             cos = _candidate_cos(notes, qs, fidx[sem])
             v = fsim.semantic_variant(cos, qm[sl][sem], um[sl][sem], w)
             variant[sem] = torch.where(ntype[sem] == NODE_SEMANTIC, v, 0.0)
         if sit.numel():
-            qs = QueryFields(q.field, rows[sit], qm[rows[sit]])
+            qs = QueryFields(q, rows[sit], qm[rows[sit]])
             cos = _candidate_cos(notes, qs, fidx[sit])
             fm_sit, nt_sit = fm[sit], ntype[sit]
             v = fsim.situation_variant(
