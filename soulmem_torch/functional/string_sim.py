@@ -429,22 +429,107 @@ def _objects(items: Sequence[str]) -> np.ndarray:
     return out
 
 
-def _pair_sds(a: np.ndarray, b: np.ndarray, a_empty: np.ndarray, b_empty: np.ndarray) -> np.ndarray:
-    """``sds(a[i], b[i])`` of paired strings (rapidfuzz's pairwise ``cpdist``; ``*_empty``:
-    which strings are empty): (P,) float32, the values :func:`string_distance_matrix` gives
-    those pairs."""
-    if a.size == 0:
-        return np.zeros(0, dtype=np.float32)
-    from rapidfuzz import process
-    from rapidfuzz.distance import JaroWinkler, Levenshtein
+def _pair_sds(
+    a: np.ndarray,
+    b: np.ndarray,
+    a_empty: np.ndarray,
+    b_empty: np.ndarray,
+    ai: np.ndarray | None = None,
+    bi: np.ndarray | None = None,
+) -> np.ndarray:
+    """``sds(a[ai[k]], b[bi[k]])`` of paired strings (``ai`` / ``bi`` ``None``: ``a[k]`` with
+    ``b[k]``; ``*_empty``: which strings of ``a`` / ``b`` are empty): (P,) float32, the values
+    :func:`string_distance_matrix` gives those pairs (rapidfuzz's pairwise ``cpdist``).
 
-    al, bl = a.tolist(), b.tolist()
-    jw = process.cpdist(al, bl, scorer=JaroWinkler.similarity, dtype=np.float64)
-    lev = process.cpdist(al, bl, scorer=Levenshtein.normalized_similarity, dtype=np.float64)
-    out = np.maximum(jw.astype(np.float32), lev.astype(np.float32))
-    out[a_empty ^ b_empty] = 0.0
-    out[a_empty & b_empty] = 1.0
+    Only pairs that can score above 0 are handed to rapidfuzz, and the Levenshtein term only
+    where it can beat Jaro-Winkler: with ``c`` an upper bound of the characters two strings
+    share (:func:`_shared_chars`), ``c = 0`` means no Jaro match and an edit distance of
+    ``max(len)`` (both terms exactly 0), and ``1 − lev / max(len) ≤ c / max(len)`` (each kept
+    character is a shared one), so where that bound is at most the Jaro-Winkler value the
+    maximum is Jaro-Winkler's. The same bits as scoring every pair with both."""
+    if ai is None or bi is None:
+        ai = bi = np.arange(a.size, dtype=np.int64)
+    pairs = int(ai.size)
+    out = np.zeros(pairs, dtype=np.float32)
+    if pairs == 0:
+        return out
+    a_len = np.fromiter(map(len, a.tolist()), dtype=np.int64, count=a.size)
+    b_len = np.fromiter(map(len, b.tolist()), dtype=np.int64, count=b.size)
+    shared = _shared_chars(a, a_len, ai, b, b_len, bi)
+    live = np.flatnonzero(shared > 0)
+    if live.size:
+        from rapidfuzz import process
+        from rapidfuzz.distance import JaroWinkler, Levenshtein
+
+        al, bl = a[ai[live]], b[bi[live]]
+        jw = process.cpdist(
+            al.tolist(), bl.tolist(), scorer=JaroWinkler.similarity, dtype=np.float64
+        )
+        longest = np.maximum(a_len[ai[live]], b_len[bi[live]])
+        # (1e-9: well above the rounding of either side, so no pair that could win is left out)
+        need = np.flatnonzero(shared[live] / longest + 1e-9 > jw)
+        lev = np.zeros(live.size, dtype=np.float64)
+        if need.size:
+            lev[need] = process.cpdist(
+                al[need].tolist(), bl[need].tolist(),
+                scorer=Levenshtein.normalized_similarity, dtype=np.float64,
+            )  # fmt: skip
+        out[live] = np.maximum(jw.astype(np.float32), lev.astype(np.float32))
+    ea, eb = a_empty[ai], b_empty[bi]
+    out[ea ^ eb] = 0.0
+    out[ea & eb] = 1.0
     return out
+
+
+def _codes(strings: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The code points of ``strings`` one after another (int64) and each one's first;
+    ``None`` for a string UTF-32 cannot hold (a lone surrogate)."""
+    try:
+        raw = "".join(strings.tolist()).encode("utf-32-le")
+    except UnicodeEncodeError:
+        return None
+    first = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=first[1:])
+    return np.frombuffer(raw, dtype=np.uint32).astype(np.int64), first
+
+
+_CHAR_BITS = 1024
+"""Width of the per-string character bitmap of :func:`_shared_chars` (a power of two)."""
+
+
+def _shared_chars(
+    a: np.ndarray,
+    a_len: np.ndarray,
+    ai: np.ndarray,
+    b: np.ndarray,
+    b_len: np.ndarray,
+    bi: np.ndarray,
+) -> np.ndarray:
+    """(P,) int64: an upper bound of the characters (with repeats) pair ``k`` = ``(a[ai[k]],
+    b[bi[k]])`` has in common — the characters of one side (the one with fewer over the
+    batch) whose bit is set in the other string's character bitmap (code point modulo
+    ``_CHAR_BITS``: every shared character is counted, a collision only loosens the bound);
+    0 only when the two share no character. No Python loop over pairs."""
+    if int(b_len[bi].sum()) > int(a_len[ai].sum()):  # walk the side with fewer characters
+        a, a_len, ai, b, b_len, bi = b, b_len, bi, a, a_len, ai
+    a_codes, b_codes = _codes(a, a_len), _codes(b, b_len)
+    if a_codes is None or b_codes is None:  # no bound: every pair is scored
+        return np.maximum(a_len[ai], b_len[bi])
+    (a_cp, _), (b_cp, b_first) = a_codes, b_codes
+    counts = b_len[bi]
+    total = int(counts.sum())
+    if total == 0 or a_cp.size == 0:
+        return np.zeros(ai.size, dtype=np.int64)
+    width = _CHAR_BITS
+    while width > 64 and a.size * width > (1 << 22):  # the bitmaps stay a few MiB
+        width //= 2
+    bits = np.zeros((a.size, width), dtype=bool)
+    bits[np.repeat(np.arange(a.size, dtype=np.int64), a_len), a_cp & (width - 1)] = True
+    ends = np.cumsum(counts)
+    cells = np.repeat(b_first[bi] - (ends - counts), counts) + np.arange(total, dtype=np.int64)
+    hit = bits[np.repeat(ai, counts), b_cp[cells] & (width - 1)]
+    pair = np.repeat(np.arange(ai.size, dtype=np.int64), counts)
+    return np.bincount(pair[hit], minlength=ai.size)
 
 
 def _ragged(owner_rows: np.ndarray, ptr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -493,7 +578,7 @@ def string_channel_scores_segments(
         empty = np.concatenate([c.empty[kind] for c in segs])
         notes = np.concatenate([c.notes[kind] for c in segs])
         q_empty = _empties(qs.tolist())
-        sds = _pair_sds(qs[rows], strings[member], q_empty[rows], empty[member])
+        sds = _pair_sds(qs, strings, q_empty, empty, rows, member)
         np.maximum.at(flat, qb[rows] * num_notes + _within(notes[member], num_notes), sds)
 
     sit = [q is not None and not q.semantic for q in queries]
@@ -564,7 +649,7 @@ def _event_segments(
     n_notes = np.concatenate([c.event_notes for c in segs])
     q_empty = _empties(q_str.reshape(-1).tolist()).reshape(-1, 3)
     action, initiator, target = (
-        _pair_sds(q_str[rows, k], n_str[member, k], q_empty[rows, k], n_empty[member, k])
+        _pair_sds(q_str[:, k], n_str[:, k], q_empty[:, k], n_empty[:, k], rows, member)
         for k in range(3)
     )
     t = torch.from_numpy

@@ -255,3 +255,29 @@ def test_segments_refuse_notes_past_the_width() -> None:
     assert torch.equal(string_scores_segments([query], columns, [0], 2), want)
     with pytest.raises(ValidationError, match="num_notes"):
         string_scores_segments([query], columns, [0], 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(_strings("aé酒馆😀的我\ud800", 60), min_size=1, max_size=8),
+    st.lists(_strings("aé酒馆😀的我b", 12), min_size=1, max_size=12),
+    st.data(),
+)
+def test_pair_scores_skip_only_pairs_that_cannot_win(
+    queries: list[str], choices: list[str], data: st.DataObject
+) -> None:
+    """The pairwise scores (pairs that share no character skipped, Levenshtein only where it
+    can beat Jaro-Winkler) are the bits of scoring every pair with both, a lone surrogate (no
+    character bound) included."""
+    from soulmem_torch.functional.string_sim import _empties, _objects, _pair_sds
+
+    n = data.draw(st.integers(0, 40))
+    ai = np.array(data.draw(st.lists(st.integers(0, len(queries) - 1), min_size=n, max_size=n)))
+    bi = np.array(data.draw(st.lists(st.integers(0, len(choices) - 1), min_size=n, max_size=n)))
+    ai, bi = ai.astype(np.int64), bi.astype(np.int64)
+    want = string_distance_matrix(queries, choices)[ai, bi]
+    a, b = _objects(queries), _objects(choices)
+    got = _pair_sds(a, b, _empties(queries), _empties(choices), ai, bi)
+    assert got.dtype == np.float32 and got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    aligned = _pair_sds(a[ai], b[bi], _empties(queries)[ai], _empties(choices)[bi])
+    assert aligned.view(np.uint32).tolist() == want.view(np.uint32).tolist()
