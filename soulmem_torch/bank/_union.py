@@ -660,7 +660,14 @@ def structured_similarity(
             )  # fmt: skip
             is_sit = (nt_sit == NODE_SPECIFIC) | (nt_sit == NODE_ABSTRACT)
             variant[sit] = torch.where(is_sit, v, 0.0)
-        tag_cos = row_dots(qtag[sl], notes.tag, ix)
+        # a query without tags scores its variant alone: its tag cosines are never read
+        tagged = (~q_zero[sl]).nonzero().squeeze(1)
+        if int(tagged.numel()) == c:
+            tag_cos = row_dots(qtag[sl], notes.tag, ix)
+        else:
+            tag_cos = torch.zeros(c, m, dtype=torch.float32, device=device)
+            if tagged.numel():
+                tag_cos[tagged] = row_dots(qtag[sl][tagged], notes.tag, ix[tagged])
         no_tag = q_zero[sl].unsqueeze(1) | notes.no_tag[ix]
         score = torch.where(no_tag, variant, w.tag * tag_cos + w.variant * variant)
         has_emb = notes.has_emb[ix]
