@@ -207,6 +207,9 @@ def query_strings(query: Any) -> list[str]:
     variant = getattr(query, "variant", None)
     if variant is None:
         return []
+    out: list[str] = []
+    if _model_strings(variant, out):  # (read off the attributes: no dump)
+        return out
     return _strings(variant.model_dump(mode="json"), [])
 
 
@@ -222,7 +225,8 @@ class TextIndex:
     def term_ids(self, strings: Iterable[str]) -> set[int]:
         """The columns of the known terms of ``strings`` (each once)."""
         vocab = self.vocab
-        return {vocab[t] for s in strings for t in _terms(s) if t in vocab}
+        # (a query repeats its text across fields: each distinct string's terms once)
+        return {vocab[t] for s in dict.fromkeys(strings) for t in _terms(s) if t in vocab}
 
     def query_terms(self, queries: Sequence[Iterable[str]], *, device: torch.device) -> Tensor:
         """Sparse COO (B, V) float64: 1 for each distinct known term of each query's strings."""
@@ -570,7 +574,7 @@ def candidate_text_scores(
             cache["candidate_text_layout"] = (key, picked, term_base, note_base, term_major, terms)
     if term_major is None:
         return torch.zeros(b, int(width), dtype=torch.float64, device=device)
-    rows: list[int] = []
+    counts = [0] * b
     cols: list[int] = []
     first = [0] * b
     for j, (q, p) in enumerate(zip(queries, owners)):
@@ -579,11 +583,16 @@ def candidate_text_scores(
             continue
         first[j] = note_base[p]
         seen = sorted(indices[p].term_ids(query_strings(q)))  # type: ignore[union-attr]
-        rows.extend([j] * len(seen))
-        cols.extend([base + c for c in seen])
+        counts[j] = len(seen)
+        cols.extend(seen)
+    # each query's columns offset by its memory's first term row, in one numpy pass
+    count = np.asarray(counts, dtype=np.int64)
+    base_of = np.asarray([term_base.get(p, 0) for p in owners], dtype=np.int64)
+    col = np.asarray(cols, dtype=np.int64) + np.repeat(base_of, count)
+    row = np.repeat(np.arange(b, dtype=np.int64), count)
     query_terms = torch.sparse_coo_tensor(
-        torch.tensor([rows, cols], dtype=torch.int64).reshape(2, -1),
-        torch.ones(len(rows), dtype=torch.float64),
+        torch.from_numpy(np.stack([row, col])),
+        torch.ones(int(row.size), dtype=torch.float64),
         (b, terms),
         is_coalesced=True,  # rows in order, each row's terms sorted and distinct
         check_invariants=False,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+import pytest
 import torch
 
 from soulmem_torch.data import sample_memory_path
@@ -14,6 +16,7 @@ from soulmem_torch.retrieve.text import (
     build_text_index,
     build_text_indexes,
     note_strings,
+    query_strings,
 )
 
 
@@ -121,3 +124,15 @@ def test_the_index_is_the_same_read_a_few_texts_per_pass(monkeypatch) -> None:
     monkeypatch.setattr(text, "_TEXTS_PER_PASS", 2)
     for a, b in zip(build_text_indexes(memories, device=cpu), want):
         _same_index(a, b)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_query_strings_read_off_the_model_equal_the_json_dump(seed: int) -> None:
+    """``query_strings`` reads a query's strings off its attributes: the strings (in order)
+    its ``model_dump(mode="json")`` holds."""
+    from tests.embedding.helpers import random_query
+
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        q = random_query(rng)
+        assert query_strings(q) == _strings(q.variant.model_dump(mode="json"), [])
