@@ -570,33 +570,36 @@ def note_ids(union: UnionSnapshot, positions: Sequence[int]) -> list[Any]:
     return flat
 
 
-def _candidate_cos(notes: Any, qs: Any, fidx: Tensor) -> Any:
+def _candidate_cos(notes: Any, qs: Any, ix: Tensor) -> Any:
     """``cos(query field, note field) -> (s, U, M)`` for ``s`` queries against their candidate
-    rows: the candidates' rows of that note field (``fidx``: (s, M, F) union rows, the zero row
-    where absent) gathered as ``(s, M, D)`` — one field at a time, only the fields the rules
-    read — and matched by one ``bmm`` with the queries' normalized unit field (``qs``: a
-    :class:`~soulmem_torch.functional.similarity.QueryFields`, which normalizes only the
-    fields some unit has: the others' cosines are zeros, as a zero row's are)."""
+    rows: the candidates' rows of that note field (``ix``: (s, M) union nodes; the field's
+    row of each read off ``notes.index`` — one field at a time, only the fields the rules read,
+    the zero row where absent) matched by one sampled product with the queries' normalized
+    unit field (``qs``: a :class:`~soulmem_torch.functional.similarity.QueryFields`, which
+    normalizes only the fields some unit has: the others' cosines are zeros, as a zero row's
+    are)."""
     from soulmem_torch.embedding.fields import FIELD_INDEX, QUERY_FIELD_INDEX
 
     s, u = qs.shape
-    m = int(fidx.shape[1])
+    m = int(ix.shape[1])
 
     def cos(q_name: str, f_name: str) -> Tensor:
         qf = qs.slice(QUERY_FIELD_INDEX[q_name])
         if qf is None:
-            return fidx.new_zeros((s, u, m), dtype=torch.float32)
-        cols = fidx[:, :, FIELD_INDEX[f_name]].unsqueeze(1).expand(s, u, m).reshape(s * u, m)
+            return ix.new_zeros((s, u, m), dtype=torch.float32)
+        rows = notes.index[:, FIELD_INDEX[f_name]][ix]  # (s, M): that field's rows only
+        cols = rows.unsqueeze(1).expand(s, u, m).reshape(s * u, m)
         return row_dots(qf.reshape(s * u, -1), notes.rows, cols).view(s, u, m)
 
     return cos
 
 
-def _has_field(mask: Tensor, name: str) -> Tensor:
-    """``(s, 1, M)``: which candidates have note field ``name`` (``mask``: (s, M, F))."""
+def _has_field(mask: Tensor, ix: Tensor, name: str) -> Tensor:
+    """``(s, 1, M)``: which candidates ``ix`` (s, M) have note field ``name`` (``mask``: the
+    note side's (N, F) presence)."""
     from soulmem_torch.embedding.fields import FIELD_INDEX
 
-    return mask[:, :, FIELD_INDEX[name]].unsqueeze(1)
+    return mask[:, FIELD_INDEX[name]][ix].unsqueeze(1)
 
 
 def structured_similarity(
@@ -637,8 +640,6 @@ def structured_similarity(
     for sl in _chunks(b, m * (2 * int(notes.index.shape[1]) + 16 * max(u, 1))):
         ix = idx[sl]
         ntype = union.node_type[ix]
-        fidx = notes.index[ix]  # (c, M, F) union rows
-        fm = notes.mask[ix]
         c = ix.shape[0]
         variant = torch.zeros(c, m, dtype=torch.float32, device=device)
         k = kind[sl]
@@ -647,15 +648,15 @@ def structured_similarity(
         rows = torch.arange(sl.start, sl.stop, device=device)
         if sem.numel():
             qs = QueryFields(q, rows[sem], qm[rows[sem]])
-            cos = _candidate_cos(notes, qs, fidx[sem])
+            cos = _candidate_cos(notes, qs, ix[sem])
             v = fsim.semantic_variant(cos, qm[sl][sem], um[sl][sem], w)
             variant[sem] = torch.where(ntype[sem] == NODE_SEMANTIC, v, 0.0)
         if sit.numel():
             qs = QueryFields(q, rows[sit], qm[rows[sit]])
-            cos = _candidate_cos(notes, qs, fidx[sit])
-            fm_sit, nt_sit = fm[sit], ntype[sit]
+            ix_sit, nt_sit = ix[sit], ntype[sit]
+            cos = _candidate_cos(notes, qs, ix_sit)
             v = fsim.situation_variant(
-                cos, functools.partial(_has_field, fm_sit), nt_sit.unsqueeze(1),
+                cos, functools.partial(_has_field, notes.mask, ix_sit), nt_sit.unsqueeze(1),
                 qm[sl][sit], um[sl][sit], w,
             )  # fmt: skip
             is_sit = (nt_sit == NODE_SPECIFIC) | (nt_sit == NODE_ABSTRACT)
