@@ -37,6 +37,7 @@ from soulmem_torch.functional.fusion import (
     bm25_candidate_scores,
     bm25_note_weights,
     bm25_scores,
+    bm25_term_starts,
 )
 
 if TYPE_CHECKING:
@@ -567,11 +568,14 @@ def candidate_text_scores(
     key = (tuple(used), str(device))
     kept = None if cache is None else cache.get("candidate_text_layout")
     if kept is not None and kept[0] == key and all(x is y for x, y in zip(kept[1], picked)):
-        term_base, note_base, term_major, terms = kept[2:]
+        term_base, note_base, term_major, terms, term_start = kept[2:]
     else:
         term_base, note_base, term_major, terms = _text_layout(used, indices, device)
+        term_start = None if term_major is None else bm25_term_starts(term_major)
         if cache is not None:  # one slot: the latest set of memories asked
-            cache["candidate_text_layout"] = (key, picked, term_base, note_base, term_major, terms)
+            cache["candidate_text_layout"] = (
+                key, picked, term_base, note_base, term_major, terms, term_start,
+            )  # fmt: skip
     if term_major is None:
         return torch.zeros(b, int(width), dtype=torch.float64, device=device)
     counts = [0] * b
@@ -598,7 +602,7 @@ def candidate_text_scores(
         check_invariants=False,
     ).to(device)
     first_note = torch.tensor(first, dtype=torch.int64, device=device)
-    return bm25_candidate_scores(query_terms, term_major, first_note, width)
+    return bm25_candidate_scores(query_terms, term_major, first_note, width, term_start=term_start)
 
 
 def _text_layout(
