@@ -264,43 +264,45 @@ class _QueryPlanner:
             self.plan.add_chunked(slot, unit.narrative, 1.0, f"{where}.narrative")
             self.cells.append((b, u, QUERY_FIELD_INDEX["narrative"], slot))
         locs = unit.location or []
-        self.pooled(
-            b,
-            u,
-            "location_name",
-            [(x.name, f"{where}.location[{k}].name") for k, x in enumerate(locs)],
-        )
-        self.pooled(
-            b,
-            u,
-            "location_coordinates",
-            [
-                (x.coordinates, f"{where}.location[{k}].coordinates")
-                for k, x in enumerate(locs)
-                if x.coordinates is not None
-            ],
-        )
+        if locs:  # (an empty list is no list: nothing to pool)
+            self.pooled(
+                b,
+                u,
+                "location_name",
+                [(x.name, f"{where}.location[{k}].name") for k, x in enumerate(locs)],
+            )
+            self.pooled(
+                b,
+                u,
+                "location_coordinates",
+                [
+                    (x.coordinates, f"{where}.location[{k}].coordinates")
+                    for k, x in enumerate(locs)
+                    if x.coordinates is not None
+                ],
+            )
         people = unit.participants or []
-        self.pooled(
-            b,
-            u,
-            "participant_name",
-            [
-                (p.name, f"{where}.participants[{k}].name")
-                for k, p in enumerate(people)
-                if p.name is not None
-            ],
-        )
-        self.pooled(
-            b,
-            u,
-            "participant_role",
-            [
-                (p.role, f"{where}.participants[{k}].role")
-                for k, p in enumerate(people)
-                if p.role is not None
-            ],
-        )
+        if people:
+            self.pooled(
+                b,
+                u,
+                "participant_name",
+                [
+                    (p.name, f"{where}.participants[{k}].name")
+                    for k, p in enumerate(people)
+                    if p.name is not None
+                ],
+            )
+            self.pooled(
+                b,
+                u,
+                "participant_role",
+                [
+                    (p.role, f"{where}.participants[{k}].role")
+                    for k, p in enumerate(people)
+                    if p.role is not None
+                ],
+            )
         env = unit.environment
         if env is not None:
             if env.atmosphere is not None:
@@ -313,32 +315,33 @@ class _QueryPlanner:
             if env.tone is not None:
                 self.pooled(b, u, "environment_tone", [(env.tone, f"{where}.environment.tone")])
         events = unit.event or []
-        self.pooled(
-            b,
-            u,
-            "event_action",
-            [(e.action, f"{where}.event[{k}].action") for k, e in enumerate(events)],
-        )
-        self.pooled(
-            b,
-            u,
-            "event_initiator",
-            [
-                (e.initiator, f"{where}.event[{k}].initiator")
-                for k, e in enumerate(events)
-                if e.initiator is not None
-            ],
-        )
-        self.pooled(
-            b,
-            u,
-            "event_target",
-            [
-                (e.target, f"{where}.event[{k}].target")
-                for k, e in enumerate(events)
-                if e.target is not None
-            ],
-        )
+        if events:
+            self.pooled(
+                b,
+                u,
+                "event_action",
+                [(e.action, f"{where}.event[{k}].action") for k, e in enumerate(events)],
+            )
+            self.pooled(
+                b,
+                u,
+                "event_initiator",
+                [
+                    (e.initiator, f"{where}.event[{k}].initiator")
+                    for k, e in enumerate(events)
+                    if e.initiator is not None
+                ],
+            )
+            self.pooled(
+                b,
+                u,
+                "event_target",
+                [
+                    (e.target, f"{where}.event[{k}].target")
+                    for k, e in enumerate(events)
+                    if e.target is not None
+                ],
+            )
 
 
 def embed_queries(
