@@ -93,15 +93,18 @@ class QueryEmbeddingBatch:
             self._field = field
         return self._field
 
-    def field_slice(self, rows: Tensor, i: int) -> Tensor:
-        """``field[rows, :, i]``: (b, U, D), the same values, without the dense block."""
+    def field_slice(self, rows: Tensor, i: int, *, absent_zero: bool = True) -> Tensor:
+        """``field[rows, :, i]``: (b, U, D), the same values, without the dense block.
+
+        ``absent_zero=False``: the units without field ``i`` hold some other finite row
+        instead of zeros (for a caller that masks them out itself)."""
         if self._field is not None:
             return self._field[rows, :, i]
         assert self._slots is not None and self._slot_of is not None
         at = self._slot_of[rows, :, i]
         out = self._slots.index_select(0, at.clamp(min=0).reshape(-1))
         out = out.view(*at.shape, int(self._slots.shape[1]))
-        return out.masked_fill_((at < 0).unsqueeze(-1), 0.0)
+        return out.masked_fill_((at < 0).unsqueeze(-1), 0.0) if absent_zero else out
 
     @property
     def num_queries(self) -> int:

@@ -369,8 +369,10 @@ class QueryFields:
     are), and the others are gathered as (b, U, D) slices — the padded (B, U, Q, D) tensor is
     never copied or normalized whole.
 
-    ``field``: the (B, U, Q, D) tensor, or anything with ``field_slice(rows, i)`` returning
-    ``field[rows, :, i]`` (a compact ``QueryEmbeddingBatch``: the padded block never made).
+    ``field``: the (B, U, Q, D) tensor, or anything with ``field_slice(rows, i, *,
+    absent_zero)`` returning ``field[rows, :, i]`` (a compact ``QueryEmbeddingBatch``: the
+    padded block never made; with ``absent_zero=False`` absent units may hold any finite row,
+    as they are zeroed here).
     """
 
     def __init__(self, field: Any, rows: Tensor, qm: Tensor) -> None:
@@ -387,9 +389,17 @@ class QueryFields:
             return None
         if i not in self._done:
             take = getattr(self.field, "field_slice", None)
-            raw = self.field[self.rows, :, i] if take is None else take(self.rows, i)
-            x = normalize_rows(raw)
-            self._done[i] = x.masked_fill_(~self.qm[:, :, i].unsqueeze(-1), 0.0)
+            # (a compact batch's absent units hold other finite rows: zeroed below)
+            raw = (
+                self.field[self.rows, :, i]
+                if take is None
+                else take(self.rows, i, absent_zero=False)
+            )
+            x = normalize_rows(raw)  # row by row: a row's values depend on that row alone
+            has = self.qm[:, :, i]
+            if take is None or not bool(has.all()):
+                x = x.masked_fill_(~has.unsqueeze(-1), 0.0)
+            self._done[i] = x
         return self._done[i]
 
 
