@@ -179,9 +179,23 @@ def rank_fusion(
         raise ValidationError(
             f"weights: expected {len(channels)} (one per channel), found {len(weights)}"
         )
+    if not k > 0:
+        raise ValidationError(f"k: expected a number > 0, found {k!r}")
+    stacked = None
+    if unscored == "zero" and len(channels) > 1 and shape[0] and shape[1]:
+        # every channel's ranks in one pass: the rows of all channels stacked (each row is
+        # ranked on its own, so the same ranks as one channel at a time)
+        real = _mask_of(channels[0], mask)
+        s = torch.stack([c.to(torch.float64) for c in channels])  # (C, B, N)
+        positive = real & (s > 0) & (s < float("inf"))
+        stacked = _positive_reciprocal_ranks(
+            s.view(-1, shape[1]), positive.view(-1, shape[1]), k
+        ).view(s.shape)
     total = None
     for i, c in enumerate(channels):
-        rr = reciprocal_rank(c, k=k, mask=mask, unscored=unscored)
+        rr = (
+            reciprocal_rank(c, k=k, mask=mask, unscored=unscored) if stacked is None else stacked[i]
+        )
         w = None if weights is None else weights[i]
         if w is not None:
             if w.shape != (shape[0],):
