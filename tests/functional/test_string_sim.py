@@ -241,6 +241,17 @@ def test_segments_equal_one_index_at_a_time(seed: int, device: torch.device) -> 
             want[: sizes[o]] = string_scores([q], indexes[o])[0]
         assert torch.equal(got[b].cpu(), want), (b, o)
     assert string_scores_segments([], columns, [], m).shape == (0, m)
+    # the joined indexes kept in a cache (one slot) give the same bits, and are rebuilt for
+    # other indexes
+    cache: dict = {}
+    for _ in range(2):
+        kept = string_scores_segments(queries, columns, owners, m, device=device, cache=cache)
+        assert torch.equal(kept, got)
+    layout = cache["string_columns_layout"]
+    fewer = [*columns[:-1], IdentifierColumns.of(indexes[0])]
+    again = string_scores_segments(queries, fewer, owners, m, device=device, cache=cache)
+    assert cache["string_columns_layout"] is not layout
+    assert torch.equal(again, string_scores_segments(queries, fewer, owners, m, device=device))
 
 
 def test_segments_refuse_notes_past_the_width() -> None:
