@@ -633,7 +633,6 @@ def structured_similarity(
     um = q.unit_mask
     qm = q.field_mask & um.unsqueeze(-1)
     kind = q.kind.to(device)
-    qtag = normalize_rows(q.tag)
     q_zero = ~(q.tag != 0).any(dim=-1)
     # per query: its candidates' (M, F) row numbers and masks, and ~16 (U, M) cosine planes
     u = q.num_units
@@ -664,11 +663,12 @@ def structured_similarity(
         # a query without tags scores its variant alone: its tag cosines are never read
         tagged = (~q_zero[sl]).nonzero().squeeze(1)
         if int(tagged.numel()) == c:
-            tag_cos = row_dots(qtag[sl], notes.tag, ix)
+            tag_cos = row_dots(normalize_rows(q.tag[sl]), notes.tag, ix)
         else:
             tag_cos = torch.zeros(c, m, dtype=torch.float32, device=device)
             if tagged.numel():
-                tag_cos[tagged] = row_dots(qtag[sl][tagged], notes.tag, ix[tagged])
+                qtag = normalize_rows(q.tag[sl][tagged])  # (row by row: the same values)
+                tag_cos[tagged] = row_dots(qtag, notes.tag, ix[tagged])
         no_tag = q_zero[sl].unsqueeze(1) | notes.no_tag[ix]
         score = torch.where(no_tag, variant, w.tag * tag_cos + w.variant * variant)
         has_emb = notes.has_emb[ix]
