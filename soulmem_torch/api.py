@@ -119,6 +119,12 @@ class SoulMem:
     def cluster(self) -> Any:
         return self.working_memory.cluster
 
+    @property
+    def loaded_from(self) -> Path | None:
+        """The store directory (resolved) this memory was loaded from or last saved to, whose
+        :meth:`save` writes only what changed since; ``None`` for a memory never saved."""
+        return None if self._origin is None else self._origin[0]
+
     def __len__(self) -> int:
         return len(self.cluster)
 
@@ -133,11 +139,15 @@ class SoulMem:
     def add_notes(
         self, notes: Iterable[MemoryNote], *, readable_ids: dict[MemoryId, str] | None = None
     ) -> int:
-        """Embeds the notes in batched calls and adds them; returns how many were new."""
+        """Embeds the notes in batched calls and adds them; returns how many were new. Their
+        text terms are read now too (the text index is written with the notes, docs/spec.md
+        §7 DECISION "terms read on write")."""
         from soulmem_torch.embedding import embed_notes
+        from soulmem_torch.retrieve.text import remember_note_terms
 
         notes = list(notes)
         embeddings = embed_notes(notes, self.embedder) if notes else []
+        remember_note_terms(self.cluster, notes)  # (a cache: before the write, which may fail)
         added = self.working_memory.add_nodes(notes, embeddings)
         if readable_ids:
             self.readable_ids.update(readable_ids)

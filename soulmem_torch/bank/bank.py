@@ -181,6 +181,7 @@ class MemoryBank:
         readable_ids: dict[MemoryId, str] | None,
     ) -> int:
         from soulmem_torch.embedding import embed_notes
+        from soulmem_torch.retrieve.text import remember_note_terms
 
         for i, note in enumerate(notes):
             if not isinstance(note, MemoryNote):
@@ -195,6 +196,7 @@ class MemoryBank:
                 raise ValidationError(
                     f"embeddings: expected {len(notes)} (one per note), found {len(embeddings)}"
                 )
+        remember_note_terms(mem.cluster, notes)  # terms read on write (a cache: before it)
         added = mem.working_memory.add_nodes(notes, embeddings)
         if readable_ids:
             mem.readable_ids.update(readable_ids)

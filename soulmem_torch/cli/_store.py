@@ -112,28 +112,13 @@ def load_store_memory(args: argparse.Namespace, store: str | Path, **kwargs: Any
 
 
 def save_new_notes(mem: Any, store: str | Path, fresh: list[Any]) -> dict[str, Any]:
-    """Writes ``fresh`` (just added to ``mem``) into ``store``: one transaction that writes only
-    their rows when ``mem`` was loaded from ``store`` with its own vectors; otherwise (a new
-    store, or notes re-embedded on load) the whole memory is saved."""
-    from soulmem_torch.embedding.identity import embedder_identity
+    """Writes ``fresh`` (just added to ``mem``) into ``store``: ``SoulMem.save``, which writes
+    only their rows (and their records) in one transaction when ``mem`` was loaded from
+    ``store`` with its own vectors, and the whole memory otherwise (a new store, or notes
+    re-embedded on load). Nothing new for the store it came from: its manifest, no version."""
     from soulmem_torch.store import MemoryStore
 
-    origin = getattr(mem, "_origin", None)
-    target = Path(store).resolve()
-    if not fresh and origin is not None and origin[0] == target:
+    origin = getattr(mem, "loaded_from", None)
+    if not fresh and origin is not None and origin == Path(store).resolve():
         return MemoryStore(store).manifest()
-    if mem.reembedded or origin is None or origin[0] != target:
-        return mem.save(store)
-    ids = {n.id for n in fresh}
-    embeddings = [mem.cluster[n.id].embedding for n in fresh]
-    st = MemoryStore(store)
-    manifest = st.add_notes(
-        fresh,
-        embeddings,
-        readable_ids={mid: rid for mid, rid in mem.readable_ids.items() if mid in ids} or None,
-        embedder_name=type(mem.embedder).__name__,
-        embedder_identity=embedder_identity(mem.embedder),
-        base_version=origin[1],
-    )
-    mem._origin = (target, st.last_version)
-    return manifest
+    return mem.save(store)

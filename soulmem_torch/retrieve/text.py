@@ -49,8 +49,12 @@ __all__ = [
     "STOPWORDS",
     "TextIndex",
     "build_text_indexes",
+    "NoteTerms",
     "candidate_text_scores",
     "note_strings",
+    "note_terms_of",
+    "note_text",
+    "remember_note_terms",
     "query_strings",
     "text_index",
     "text_indexes",
@@ -260,9 +264,24 @@ _ASCII_WORDS = bytes(
     c + 32 if 65 <= c <= 90 else c if (97 <= c <= 122 or 48 <= c <= 57 or c == 1) else 32
     for c in range(256)
 )
+_ASCII_ONE = _ASCII_WORDS[:1] + b" " + _ASCII_WORDS[2:]  # one text: the separator a space
 _SEP_ID, _STOP_ID = -2, -1
 _TEXTS_PER_PASS = 1024
 """Note texts read per pass (a pass holds its words as Python strings)."""
+
+
+class _Numbering(dict):  # type: ignore[type-arg]
+    """term → its id in ``names``; ``numbering[term]`` numbers a missing term (so a ``map``
+    of ``__getitem__`` over known terms runs without a Python call per term)."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def __missing__(self, term: str) -> int:
+        tid = self[term] = len(self.names)
+        self.names.append(term)
+        return tid
 
 
 class _TermIds(dict):  # type: ignore[type-arg]
@@ -272,21 +291,96 @@ class _TermIds(dict):  # type: ignore[type-arg]
     def __init__(self) -> None:
         super().__init__({_NOTE_SEP: _SEP_ID})
         self.names: list[str] = []
-        self.of_term: dict[str, int] = {}
+        self.of_term = _Numbering(self.names)
 
     def term(self, term: str) -> int:
         """The id of a term (a CJK run's bigram or character)."""
-        tid = self.of_term.get(term)
-        if tid is None:
-            tid = self.of_term[term] = len(self.names)
-            self.names.append(term)
-        return tid
+        return self.of_term[term]
 
     def __missing__(self, word: str) -> int:
         term = _WORD_TERMS[word]
-        tid = self.term(term) if term else _STOP_ID
+        tid = self.of_term[term] if term else _STOP_ID
         self[word] = tid
         return tid
+
+
+class NoteTerms:
+    """The terms of note texts, by the text (one memory's, kept on its cluster across
+    snapshots: ``MemoryCluster.kept``). Content-addressed: a note whose strings did not change
+    is not read again when the memory's text index is rebuilt after a write, and a changed
+    note is a new text. Filled when notes are added (:func:`remember_note_terms`: the index
+    is written with the notes, as a search engine's is) and by every index build, which keeps
+    only the texts of the notes it indexed — so it holds the memory's texts, plus those added
+    since the last build (bounded: :func:`remember_note_terms` drops the texts of notes gone
+    when they outnumber the memory's)."""
+
+    __slots__ = ("terms",)
+
+    def __init__(self) -> None:
+        self.terms: dict[str, tuple[str, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self.terms)
+
+
+def note_text(note: MemoryNote) -> str:
+    """The text a note is indexed by: its strings (:func:`note_strings`) joined by NUL."""
+    return "\x00".join(note_strings(note))
+
+
+def note_terms_of(memory: Any) -> NoteTerms | None:
+    """The :class:`NoteTerms` kept by a memory's cluster (a ``SoulMem``, working memory or
+    cluster), or ``None`` for a source without one (a bare list of notes)."""
+    cluster = getattr(memory, "cluster", memory)
+    kept = getattr(cluster, "kept", None)
+    return kept("text_terms", NoteTerms) if callable(kept) else None
+
+
+def remember_note_terms(memory: Any, notes: Iterable[MemoryNote]) -> None:
+    """Reads the terms of ``notes`` into their memory's :class:`NoteTerms` now (the texts it
+    does not hold yet, in one pass), so the memory's next text index reads none of them.
+    Nothing happens for a memory without a cluster."""
+    store = note_terms_of(memory)
+    if store is None:
+        return
+    texts = [t for t in dict.fromkeys(map(note_text, notes)) if t not in store.terms]
+    if not texts:
+        return
+    read = list(map(_text_terms_tuple, texts))
+    terms = store.terms
+    cluster = getattr(memory, "cluster", memory)
+    size = len(cluster) if hasattr(cluster, "__len__") else 0
+    if len(terms) + len(texts) > 2 * size + 1024:  # texts of notes gone: keep the memory's
+        notes_now = getattr(cluster, "notes", None)
+        if callable(notes_now):
+            current = set(map(note_text, notes_now()))
+            terms = {t: v for t, v in terms.items() if t in current}
+    terms.update(zip(texts, read))
+    store.terms = terms
+
+
+def _text_terms_tuple(text: str) -> tuple[str, ...]:
+    """``tuple(text_terms(text))`` of one note text, without the per-text cache: an ASCII
+    text by one byte table and ``split``, its words' terms by one ``map`` (as the bulk reader
+    reads it)."""
+    if text.isascii():
+        words = text.encode("ascii").translate(_ASCII_ONE).decode("ascii").split()
+        return tuple(filter(None, map(_WORD_TERMS.__getitem__, words)))
+    return tuple(_split(text))
+
+
+def _as_tuples(ids: _TermIds, tid: np.ndarray, text: np.ndarray, n: int) -> list[tuple[str, ...]]:
+    """Each of ``n`` texts' terms (``tid`` in text order, ``text`` the text of each) as a
+    tuple of term strings (``()`` for a text without terms)."""
+    out: list[tuple[str, ...]] = [()] * n
+    if not len(tid):
+        return out
+    names = np.asarray(ids.names, dtype=object)[tid]
+    cuts = np.flatnonzero(np.diff(text)) + 1
+    starts = np.concatenate([np.zeros(1, dtype=np.int64), cuts])
+    for t, segment in zip(text[starts].tolist(), np.split(names, cuts)):
+        out[t] = tuple(segment.tolist())
+    return out
 
 
 def _joined(texts: Sequence[str]) -> str:
@@ -336,32 +430,84 @@ def _other_term_ids(ids: _TermIds, texts: Sequence[str]) -> tuple[np.ndarray, np
     return tid[keep], text_of[keep]
 
 
-def _note_terms(notes: Sequence[MemoryNote]) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """``(term ids, note of each, term names)``: every note's terms in note order, each
-    note's in reading order (the terms of :func:`text_terms` of each of its strings); a text
-    that several notes hold (a session shared by several memories) is read once."""
-    ids = _TermIds()
-    position: dict[str, int] = {}
-    text_of_note = [position.setdefault("\x00".join(note_strings(n)), len(position)) for n in notes]
-    texts = list(position)
-    is_ascii = np.fromiter(map(str.isascii, texts), bool, len(texts))
+def _read_texts(
+    ids: _TermIds, texts: Sequence[str], rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(term ids, text of each)`` of ``texts[rows]``, in text order and each text's terms in
+    reading order (stopwords out): ASCII texts by one byte table, the others as
+    :func:`text_terms` reads them."""
+    is_ascii = np.fromiter((texts[i].isascii() for i in rows.tolist()), bool, len(rows))
     parts = []
-    for reader, rows in (
-        (_ascii_term_ids, np.flatnonzero(is_ascii)),
-        (_other_term_ids, np.flatnonzero(~is_ascii)),
-    ):
-        for start in range(0, len(rows), _TEXTS_PER_PASS):  # (bounds the word lists held)
-            block = rows[start : start + _TEXTS_PER_PASS]
+    for reader, picked in ((_ascii_term_ids, rows[is_ascii]), (_other_term_ids, rows[~is_ascii])):
+        for start in range(0, len(picked), _TEXTS_PER_PASS):  # (bounds the word lists held)
+            block = picked[start : start + _TEXTS_PER_PASS]
             tid, text_of = reader(ids, [texts[i] for i in block.tolist()])
             parts.append((tid, block[text_of]))
+    return _merged(parts)
+
+
+def _merged(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Streams of ``(term ids, text of each)``, each in text order, as one in text order
+    (a text's terms stay in their order)."""
+    parts = [p for p in parts if len(p[0])]
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, ids.names
+        return empty, empty
+    if len(parts) == 1:
+        return parts[0]
     tid = np.concatenate([t for t, _ in parts])
     text = np.concatenate([n for _, n in parts])
-    if is_ascii.any() and not is_ascii.all():  # back in text order (each keeps its order)
-        order = np.argsort(text, kind="stable")
-        tid, text = tid[order], text[order]
+    order = np.argsort(text, kind="stable")
+    return tid[order], text[order]
+
+
+def _note_terms(
+    notes: Sequence[MemoryNote], stores: Sequence[NoteTerms | None] | None = None
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """``(term ids, note of each, term names)``: every note's terms in note order, each
+    note's in reading order (the terms of :func:`text_terms` of each of its strings); a text
+    that several notes hold (a session shared by several memories) is read once.
+
+    ``stores``: each note's memory's :class:`NoteTerms` (``None``: none). A text one of them
+    holds is not read again; the others are read and put there, and each store then keeps
+    the texts of its notes here only (what this build indexed)."""
+    ids = _TermIds()
+    position: dict[str, int] = {}
+    text_of_note = [position.setdefault(note_text(n), len(position)) for n in notes]
+    texts = list(position)
+    known: list[tuple[str, ...] | None] = [None] * len(texts)
+    if stores is not None:
+        for t, store in zip(text_of_note, stores):
+            if store is not None and known[t] is None:
+                known[t] = store.terms.get(texts[t])
+    fresh = np.fromiter((k is None for k in known), bool, len(texts))
+    fresh_rows = np.flatnonzero(fresh)
+    tid_new, text_new = _read_texts(ids, texts, fresh_rows)
+    cached_rows = np.flatnonzero(~fresh).tolist()
+    held = [known[i] for i in cached_rows]
+    flat = list(itertools.chain.from_iterable(held))  # type: ignore[arg-type]
+    tid_old = np.fromiter(map(ids.of_term.__getitem__, flat), np.int64, len(flat))
+    text_old = np.repeat(
+        np.asarray(cached_rows, dtype=np.int64),
+        np.fromiter(map(len, held), np.int64, len(held)),  # type: ignore[arg-type]
+    )
+    if stores is not None and any(s is not None for s in stores):
+        if len(fresh_rows):
+            local = np.full(len(texts), -1, dtype=np.int64)
+            local[fresh_rows] = np.arange(len(fresh_rows), dtype=np.int64)
+            read = _as_tuples(ids, tid_new, local[text_new], len(fresh_rows))
+            for i, terms in zip(fresh_rows.tolist(), read):
+                known[i] = terms
+        kept: dict[int, dict[str, tuple[str, ...]]] = {}
+        for t, store in zip(text_of_note, stores):
+            if store is not None:
+                kept.setdefault(id(store), {})[texts[t]] = known[t]  # type: ignore[assignment]
+        for store in stores:
+            if store is not None and id(store) in kept:
+                store.terms = kept.pop(id(store))
+    tid, text = _merged([(tid_new, text_new), (tid_old, text_old)])
+    if not len(tid):
+        return tid, text, ids.names
     if len(texts) == len(notes):  # every note its own text, in order
         return tid, text, ids.names
     # each note's text's terms: the text's run of the stream
@@ -382,7 +528,10 @@ def build_text_index(notes: Sequence[MemoryNote], *, device: torch.device) -> Te
 
 
 def build_text_indexes(
-    memories: Sequence[Sequence[MemoryNote]], *, device: torch.device
+    memories: Sequence[Sequence[MemoryNote]],
+    *,
+    device: torch.device,
+    stores: Sequence[NoteTerms | None] | None = None,
 ) -> list[TextIndex]:
     """The BM25 index of each memory's notes (in graph order), every memory in one pass.
 
@@ -395,11 +544,21 @@ def build_text_indexes(
     and weighted by one segment-wise
     :func:`~soulmem_torch.functional.fusion.bm25_note_weights` (each memory's own IDF and
     average length); the blocks are then cut apart. Each index is the same, bit for bit, as
-    the memory's alone."""
+    the memory's alone.
+
+    ``stores``: each memory's :class:`NoteTerms` (or ``None``), read and refreshed: the texts
+    they hold are not read again (the same index, bit for bit)."""
     sizes = [len(notes) for notes in memories]
     everything = [note for notes in memories for note in notes]
     n = len(everything)
-    tid, note, names = _note_terms(everything)
+    per_note = None
+    if stores is not None:
+        if len(stores) != len(memories):
+            raise ValidationError(
+                f"stores: expected {len(memories)} (one per memory), found {len(stores)}"
+            )
+        per_note = [store for store, size in zip(stores, sizes) for _ in range(size)]
+    tid, note, names = _note_terms(everything, per_note)
     # each memory's terms numbered in order of first appearance (what a per-note Counter
     # would give): the (memory, term) pairs in order of their first token, memory after
     # memory (the notes are), are the columns of the block-diagonal matrix
@@ -501,7 +660,7 @@ def text_indexes(
         )
     key = "text_index"
     out: list[TextIndex | None] = [graph.cache.get(key) for graph in graphs]
-    todo: dict[int, tuple[Any, list[Any]]] = {}  # id(graph) → (graph, notes in graph order)
+    todo: dict[int, tuple[Any, list[Any], Any]] = {}  # id(graph) → (graph, notes, memory)
     for graph, memory, cached in zip(graphs, memories, out):
         if cached is not None or id(graph) in todo:
             continue
@@ -512,13 +671,17 @@ def text_indexes(
         ordered = [by_id.get(i) for i in graph.ids]
         if any(n is None for n in ordered):
             continue
-        todo[id(graph)] = (graph, ordered)
-    by_device: dict[Any, list[tuple[Any, list[Any]]]] = {}
-    for graph, ordered in todo.values():
-        by_device.setdefault(graph.device, []).append((graph, ordered))
+        todo[id(graph)] = (graph, ordered, memory)
+    by_device: dict[Any, list[tuple[Any, list[Any], Any]]] = {}
+    for entry in todo.values():
+        by_device.setdefault(entry[0].device, []).append(entry)
     for device, group in by_device.items():
-        built = build_text_indexes([ordered for _, ordered in group], device=device)
-        for (graph, _), index in zip(group, built):
+        built = build_text_indexes(
+            [ordered for _, ordered, _ in group],
+            device=device,
+            stores=[note_terms_of(memory) for _, _, memory in group],
+        )
+        for (graph, _, _), index in zip(group, built):
             graph.cache[key] = index
     return [graph.cache.get(key) for graph in graphs]
 

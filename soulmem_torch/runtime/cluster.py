@@ -331,6 +331,7 @@ class MemoryCluster:
         self._changed: set[MemoryId] = set()  # notes changed since the last take_changes()
         self._derived: dict[Hashable, Any] = {}
         self._derived_version = -1
+        self._kept: dict[Hashable, Any] = {}
         self._lock = threading.RLock()
 
     # -- read access ----------------------------------------------------------------------
@@ -833,6 +834,17 @@ class MemoryCluster:
             if key not in self._derived:
                 self._derived[key] = build()
             return self._derived[key]
+
+    def kept(self, key: Hashable, make: Callable[[], _T]) -> _T:
+        """A value kept across versions of the cluster: ``make()`` on the first call for
+        ``key``, the same object after it, whatever changes. For caches that check their own
+        validity (content-addressed ones: e.g. the text channel's terms of each note text,
+        looked up by the text itself), so a change re-derives only what changed."""
+        with self._lock:
+            value = self._kept.get(key)
+            if value is None:
+                value = self._kept[key] = make()
+            return value
 
     def cached(self, key: Hashable) -> Any:
         """What :meth:`derived` holds for ``key`` at the current version, or ``None`` (nothing

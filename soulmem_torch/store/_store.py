@@ -477,53 +477,14 @@ class MemoryStore:
         self, ids: Iterable[MemoryId | str], *, base_version: str | object | None = ...
     ) -> dict[str, Any]:
         """Removes notes by id, as one new version that deletes only those rows (ids not in
-        the store are ignored). Their rows stay in the change log (``restore`` brings them
-        back)."""
+        the store are ignored): :meth:`apply_changes` with ``removed``, refused for a store
+        with nothing saved yet. Their rows stay in the change log (``restore`` brings them
+        back); their records stay."""
         wanted = _id_texts(ids, "ids")
-        with self.lock():
-            live = self._live_locked()
-            if base_version is not ... and base_version != live:
-                raise StoreChangedError(
-                    f"{self.path}: another writer saved version {live} after this data was "
-                    f"read from {base_version or 'an empty store'}; nothing was saved"
-                )
-            if live is None:
+        with self.lock():  # (re-entrant: apply_changes takes it again)
+            if self._live_locked() is None and base_version in (..., None):
                 raise StoreError(f"{self.path}: not a memory store (nothing saved yet?)")
-            with self.db.write() as conn:
-                self._migrate(conn)
-                latest = self.db.latest(conn)
-                assert latest is not None
-                prev = latest[2]
-                present = []
-                for part in _chunks(wanted, 500):
-                    marks = ",".join("?" * len(part))
-                    present += conn.execute(
-                        f"SELECT id, emb IS NOT NULL FROM notes WHERE agent = ? AND id IN ({marks})",
-                        (_AGENT, *part),
-                    ).fetchall()
-                counts = dict(prev.get("counts") or {})
-                counts["notes"] = counts.get("notes", 0) - len(present)
-                counts["embeddings"] = counts.get("embeddings", 0) - sum(e for _, e in present)
-                for key in ("pending_links", "links", "readable_ids"):
-                    counts.pop(key, None)
-                layout = prev.get("embedding")
-                if layout is not None:
-                    layout = (
-                        {**layout, "count": counts["embeddings"]} if counts["embeddings"] else None
-                    )
-                info = version_info(counts, layout, prev.get("embedder_name"), prev.get("embedder"),
-                                    {"added": 0, "updated": 0, "removed": len(present)})  # fmt: skip
-                if isinstance(prev.get("records"), dict):  # the records (or their meta) stay
-                    info["records"] = prev["records"]
-                gen = self.db.commit_version(
-                    conn, _AGENT, deletes=[i for i, _ in present], info=info,
-                    keep_versions=self.keep_versions,
-                )  # fmt: skip
-                written_at = conn.execute(
-                    "SELECT written_at FROM versions WHERE gen = ?", (gen,)
-                ).fetchone()[0]
-        self.last_version = version_name(gen)
-        return manifest_of(gen, written_at, info, self.db.path)
+            return self.apply_changes(removed=wanted, base_version=base_version)
 
     @staticmethod
     def _check_same_embedder(

@@ -29,14 +29,23 @@ import hashlib
 import json
 import mmap
 import struct
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from soulmem_torch.embedding.compact import compact_ref
+from soulmem_torch.embedding.compact import (
+    COMPACT_MAX_DENSITY,
+    COMPACT_MIN_WIDTH,
+    CompactVectors,
+    compact_embedding,
+    compact_ref,
+)
 from soulmem_torch.embedding.fields import FIELD_INDEX, FIELD_NAMES, MemoryEmbedding
+from soulmem_torch.functional.sparse_rows import SparseRows
 from soulmem_torch.runtime.cluster import mark_finite
 from soulmem_torch.runtime.deferred import DecodedVectors, deferred_embedding
 
@@ -358,6 +367,16 @@ def _decode_bulk(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None] 
             owner = np.repeat(np.arange(counts.size), counts)
             flat[np.arange(values.size, dtype=np.int64) - first[owner] + bases[owner]] = values
 
+    if _DTYPES[code] is torch.float32 and dim >= COMPACT_MIN_WIDTH:
+        table = _compact_table(sparse, dense, starts, mask, dim, value_type, n)
+        if table is not None:  # the vectors stay sparse: the snapshot's layout, built later
+            names_of = _MASK_NAMES
+            for k, (i, m) in enumerate(zip(present, mask.tolist())):
+                names = names_of.get(m)
+                if names is None:
+                    names = names_of[m] = [f for f in FIELD_NAMES if m >> FIELD_INDEX[f] & 1]
+                out[i] = compact_embedding(table, k, names)
+            return out
     source = DecodedVectors(rows=int(starts[-1]), dim=dim, dtype=_DTYPES[code], floats=floats,
                             bits=bits_type, fill=fill, zeroed=zeroed, on_built=mark_finite)  # fmt: skip
     names_of = _MASK_NAMES
@@ -368,6 +387,133 @@ def _decode_bulk(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None] 
             names = names_of[m] = [f for f in FIELD_NAMES if m >> FIELD_INDEX[f] & 1]
         out[i] = deferred_embedding(source, lows[k], names)
     return out
+
+
+def _compact_table(
+    sparse: Sequence[tuple[np.ndarray, np.ndarray]],
+    dense: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    starts: np.ndarray,
+    mask: np.ndarray,
+    dim: int,
+    value_type: np.dtype,
+    n: int,
+) -> CompactVectors | None:
+    """The decoded float32 vectors of ``n`` notes as one :class:`CompactVectors` — the
+    table ``MemoryCluster.add_notes`` packs and a snapshot stacks from them (the tags, then
+    each field's rows in note order; its cells are the stored ones, bit for bit: a -0.0
+    stays a cell) — built from the stored cells on its first read (:class:`_LoadedVectors`:
+    a load stays a load; no dense buffer ever), or ``None`` when more than
+    ``COMPACT_MAX_DENSITY`` of the cells are non-zero (the vectors then stay dense:
+    deferred, as before).
+
+    ``sparse``: (flat positions, value bits) of the sparse blobs; ``dense``: (value bits,
+    first flat position, count) of the dense ones; ``starts``: each note's first row of
+    the flat ``(rows, dim)`` layout (its tag, then its fields in ``FIELD_NAMES`` order);
+    ``mask``: each note's field bits."""
+    total = int(starts[-1])
+    cells = sum(len(where) for where, _ in sparse)  # (a sparse blob stores non-zero bits only)
+    cells += sum(int(np.count_nonzero(bits)) for bits, _, _ in dense)
+    if cells > COMPACT_MAX_DENSITY * total * dim:
+        return None
+
+    def build() -> tuple[SparseRows, SparseRows, Tensor]:
+        return _compact_layout(*_stored_cells(sparse, dense, value_type), starts, mask, dim, n)
+
+    return _LoadedVectors(build, dim, n)
+
+
+class _LoadedVectors(CompactVectors):
+    """A load's :class:`CompactVectors`: its width and length known, its tables built from
+    the stored cells (checked by the decoder) on the first read of ``tag``, ``rows`` or
+    ``pos`` (thread-safe; once)."""
+
+    __slots__ = ("_build", "_len", "_lock", "_width")
+
+    def __init__(self, build: Any, dim: int, n: int) -> None:  # (the tables come later)
+        self._build, self._width, self._len = build, dim, n
+        self._lock = threading.Lock()
+        self._arrays = None
+
+    def __getattr__(self, name: str) -> Any:  # only for an unset slot: a table not built
+        if name not in ("tag", "rows", "pos"):
+            raise AttributeError(name)
+        with self._lock:
+            if self._build is not None:
+                self.tag, self.rows, self.pos = self._build()
+                self._build = None
+        return object.__getattribute__(self, name)
+
+    @property
+    def dim(self) -> int:
+        return self._width
+
+    def __len__(self) -> int:
+        return self._len
+
+
+def _stored_cells(
+    sparse: Sequence[tuple[np.ndarray, np.ndarray]],
+    dense: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    value_type: np.dtype,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(flat positions ascending, float32 values)`` of every stored non-zero bit pattern."""
+    positions, values = [], []
+    for where, bits in sparse:
+        positions.append(where)
+        values.append(bits.view(value_type))
+    for bits, bases, counts in dense:
+        first = np.zeros(counts.size, dtype=np.int64)
+        np.cumsum(counts[:-1], out=first[1:])
+        owner = np.repeat(np.arange(counts.size), counts)
+        nz = np.flatnonzero(bits)  # every non-zero bit pattern (-0.0 too: bit for bit)
+        positions.append((nz - first[owner[nz]] + bases[owner[nz]]).astype(np.int64))
+        values.append(bits[nz].view(value_type))
+    if not positions:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    pos = np.concatenate(positions)
+    val = np.concatenate(values).astype(np.float32)
+    if len(pos) > 1 and not bool((pos[1:] > pos[:-1]).all()):
+        order = np.argsort(pos, kind="stable")  # (blobs of several layouts, or unsorted)
+        pos, val = pos[order], val[order]
+    return pos, val
+
+
+def _compact_layout(
+    pos: np.ndarray, val: np.ndarray, starts: np.ndarray, mask: np.ndarray, dim: int, n: int
+) -> tuple[SparseRows, SparseRows, Tensor]:
+    """``(tag, rows, pos)`` of a :class:`CompactVectors` from the cells of the flat layout."""
+    total = int(starts[-1])
+    f = len(FIELD_NAMES)
+    has = ((mask[:, None] >> np.arange(f, dtype=np.uint64)) & np.uint64(1)).astype(bool)
+    rank = np.cumsum(has, axis=1) - 1  # a field's row within its note, after the tag
+    field, note = np.nonzero(has.T)  # grouped by field, notes in order within a field
+    field_pos = np.full((n, f), -1, dtype=np.int32)
+    field_pos[note, field] = np.arange(len(note), dtype=np.int32)
+    field_rows = starts[note] + 1 + rank[note, field]  # their rows of the flat layout
+    kind = np.full(total, -1, dtype=np.int8)  # each flat row: -1 a tag, else its field
+    kind[field_rows] = field
+    row = pos // dim
+    per_row = np.bincount(row, minlength=total)
+    # the cells in table order: the tags' first, then each field's; a stable sort of a
+    # small-integer key keeps the notes' (flat) order within each
+    order = np.argsort(kind[row], kind="stable")
+    pos, val = pos[order], val[order]
+    col = (pos % dim).astype(np.int32)
+    tag_crow = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(per_row[starts[:-1]], out=tag_crow[1:])
+    rows_crow = np.zeros(len(note) + 1, dtype=np.int64)
+    np.cumsum(per_row[field_rows], out=rows_crow[1:])
+    cut = int(tag_crow[-1])
+    tag = SparseRows(
+        torch.from_numpy(tag_crow), torch.from_numpy(col[:cut]), torch.from_numpy(val[:cut]), dim
+    )
+    rows = SparseRows(
+        torch.from_numpy(rows_crow),
+        torch.from_numpy(col[cut:]),
+        torch.from_numpy(val[cut:]),
+        dim,
+    )
+    return tag, rows, torch.from_numpy(field_pos)
 
 
 def _decode_each(blobs: Sequence[bytes | None]) -> list[MemoryEmbedding | None]:

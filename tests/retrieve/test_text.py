@@ -4,6 +4,7 @@ strings and the one-pass index of many memories equal their per-memory reference
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -124,6 +125,165 @@ def test_the_index_is_the_same_read_a_few_texts_per_pass(monkeypatch) -> None:
     monkeypatch.setattr(text, "_TEXTS_PER_PASS", 2)
     for a, b in zip(build_text_indexes(memories, device=cpu), want):
         _same_index(a, b)
+
+
+def _mixed_notes() -> list:
+    from soulmem_torch.model import MemoryNote, SemMemory
+
+    extra = [
+        MemoryNote.build(SemMemory(content=c, aliases=[], concept_type="Entity", description=d))
+        for c, d in [
+            ("北京 Peking", "烤鸭 twice"),
+            ("plain words", "more words"),
+            ("ＦＵＬＬ", "ﬁ"),
+            ("the", "of and"),  # stopwords only: a text without terms
+        ]
+    ]
+    return _notes()[:40] + extra
+
+
+def test_kept_terms_give_the_same_index_bit_for_bit(monkeypatch) -> None:
+    """An index built with each memory's NoteTerms — empty, filled by the build, filled on
+    write, partly stale — is the index built without them, and a held text is not read
+    again."""
+    from soulmem_torch.retrieve import text
+    from soulmem_torch.retrieve.text import NoteTerms, note_text, remember_note_terms
+
+    notes = _mixed_notes()
+    memories = [notes, notes[7:], notes[::-1], []]
+    cpu = torch.device("cpu")
+    want = build_text_indexes(memories, device=cpu)
+    stores = [NoteTerms(), NoteTerms(), None, NoteTerms()]
+    for a, b in zip(build_text_indexes(memories, device=cpu, stores=stores), want):
+        _same_index(a, b)  # empty stores: everything read, and put in the stores
+    assert set(stores[0].terms) == {note_text(n) for n in notes}
+    assert set(stores[1].terms) == {note_text(n) for n in notes[7:]}
+    assert stores[3].terms == {}
+    assert stores[0].terms[note_text(notes[-1])] == ()  # stopwords only
+
+    read: list[int] = []
+    real = text._read_texts
+
+    def counting(ids, texts, rows):
+        read.append(len(rows))
+        return real(ids, texts, rows)
+
+    monkeypatch.setattr(text, "_read_texts", counting)
+    # memory 2 has no store, but its texts are memory 0's: a held text is taken from any
+    # store of a note that holds it
+    for a, b in zip(build_text_indexes(memories, device=cpu, stores=stores), want):
+        _same_index(a, b)
+    assert read == [0]  # every text is held by memory 0's store
+
+    # a store with a stale text (a note since changed) and one filled on write
+    mem = SimpleNamespace(cluster=_FakeCluster(notes[:10]))
+    remember_note_terms(mem, notes[:10])
+    held = mem.cluster.store
+    assert set(held.terms) == {note_text(n) for n in notes[:10]}
+    held.terms["stale text"] = ("stale",)
+    alone = build_text_index(notes[:10], device=cpu)
+    read.clear()
+    (got,) = build_text_indexes([notes[:10]], device=cpu, stores=[held])
+    _same_index(got, alone)
+    assert read == [0] and "stale text" not in held.terms  # kept: this build's texts only
+
+
+def test_a_text_read_on_write_has_the_terms_of_its_strings() -> None:
+    from soulmem_torch.retrieve.text import _text_terms_tuple, note_text, text_terms
+
+    notes = _mixed_notes()
+    extra = ["tab\x01sep\x00and\x01", "ＦＵＬＬ 北京烤鸭 ﬁ", "", "the of", "猫"]
+    for one in [note_text(n) for n in notes] + extra:
+        assert _text_terms_tuple(one) == tuple(text_terms(one))
+        assert _text_terms_tuple(one) == tuple(
+            t for part in one.split("\x00") for t in text_terms(part)
+        )
+
+
+class _FakeCluster:
+    """A cluster's two members ``remember_note_terms`` uses."""
+
+    def __init__(self, notes) -> None:
+        self._notes = list(notes)
+        self.store = None
+
+    def __len__(self) -> int:
+        return len(self._notes)
+
+    def notes(self):
+        return iter(self._notes)
+
+    def kept(self, key, make):
+        if self.store is None:
+            self.store = make()
+        return self.store
+
+
+def test_terms_read_on_write_stay_bounded() -> None:
+    """Notes replaced many times without an index build: the kept texts stay within twice
+    the memory's notes (+ 1,024), the memory's own always among them."""
+    from soulmem_torch.model import MemoryNote, SemMemory
+    from soulmem_torch.retrieve.text import note_text, remember_note_terms
+
+    def sem(i: int) -> MemoryNote:
+        return MemoryNote.build(
+            SemMemory(content=f"thing {i}", aliases=[], concept_type="Entity", description="")
+        )
+
+    cluster = _FakeCluster([])
+    mem = SimpleNamespace(cluster=cluster)
+    for i in range(3000):  # one note, replaced 3,000 times
+        note = sem(i)
+        remember_note_terms(mem, [note])
+        cluster._notes = [note]
+        assert len(cluster.store.terms) <= 2 * 1 + 1024 + 1
+    assert note_text(note) in cluster.store.terms
+
+
+def test_soulmem_reads_terms_on_write_and_rereads_only_what_changed(monkeypatch) -> None:
+    """``SoulMem.add_notes`` reads the new notes' terms; the next ask's index reads no text;
+    after one more note only that one is read; answers equal a memory without kept terms."""
+    from soulmem_torch import SoulMem
+    from soulmem_torch.retrieve import text
+
+    notes = _mixed_notes()
+    mem = SoulMem()
+    mem.add_notes(notes[:-3])
+    read: list[int] = []
+    real = text._read_texts
+
+    def counting(ids, texts, rows):
+        read.append(len(rows))
+        return real(ids, texts, rows)
+
+    written: list[str] = []
+    real_one = text._text_terms_tuple
+
+    def counting_one(one):
+        written.append(one)
+        return real_one(one)
+
+    monkeypatch.setattr(text, "_read_texts", counting)
+    monkeypatch.setattr(text, "_text_terms_tuple", counting_one)
+    first = mem.ask("Peking duck words")
+    assert read == [0]
+    mem.add_notes(notes[-3:])
+    assert read == [0] and len(written) == 3  # on write: the three new texts
+    read.clear()
+    again = mem.ask("Peking duck words")
+    assert read == [0]
+    fresh = SoulMem()
+    fresh.working_memory.add_nodes(notes, [e for e in _embeddings(fresh, notes)])
+    monkeypatch.setattr(text, "_read_texts", real)
+    want = fresh.ask("Peking duck words")[0].association
+    assert [i for i, _ in again[0].association] == [i for i, _ in want]
+    assert first[0].association  # the channel found something
+
+
+def _embeddings(mem, notes):
+    from soulmem_torch.embedding import embed_notes
+
+    return embed_notes(notes, mem.embedder)
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -208,3 +208,47 @@ def test_a_big_decode_buffer_is_its_own_mapping_with_the_same_bits(
             assert torch.equal(_bits(a.fields[name]), _bits(b.fields[name]))
     mapped[3].tag[0] = 7.0  # writable, and a view of the one buffer
     assert mapped[3].tag[0].item() == 7.0
+
+
+def test_a_wide_float32_load_is_one_compact_table_bit_for_bit(tmp_path: Path, monkeypatch) -> None:
+    """A store of 1,024-wide float32 vectors (the default ``HashingEmbedder``'s, plus a dense
+    one and a -0.0) loads into one compact table: each note a compact embedding of it, its
+    vectors bit for bit the blob-by-blob decode's; the first snapshot takes the table as it is
+    (no dense buffer: ``SparseRows.from_dense`` never runs) and answers as the saved memory."""
+    from soulmem_torch.embedding.compact import compact_ref
+    from soulmem_torch.functional.sparse_rows import SparseRows
+    from soulmem_torch.store.codec import decode_embedding
+
+    emb = HashingEmbedder()
+    mem = SoulMem(embedder=emb)
+    items = notes(0, 40)
+    mem.add_notes(items)
+    odd = items[7].id  # a dense vector (random: every cell non-zero) and a -0.0 cell
+    gen = torch.Generator().manual_seed(3)
+    tag = torch.randn(1024, generator=gen)
+    content = torch.zeros(1024)
+    content[5], content[900] = -0.0, 2.5
+    mem.cluster.set_embedding(odd, MemoryEmbedding(tag=tag, fields={"content": content}))
+    want = mem.ask("note three", record=False)[0].association
+    mem.save(tmp_path)
+
+    back = SoulMem.load(tmp_path, embedder=emb)
+    refs = [compact_ref(e.embedding) for e in back.cluster]
+    assert all(r is not None for r in refs) and len({id(r.table) for r in refs}) == 1
+    with sqlite3.connect(tmp_path / DB_FILE) as conn:
+        blobs = dict(conn.execute("SELECT id, emb FROM notes").fetchall())
+    for e in back.cluster:
+        ref = decode_embedding(blobs[str(e.note.id)])
+        assert list(e.embedding.fields) == list(ref.fields)
+        assert torch.equal(_bits(e.embedding.tag), _bits(ref.tag))
+        for name in ref.fields:
+            assert torch.equal(_bits(e.embedding.fields[name]), _bits(ref.fields[name]))
+    assert torch.equal(_bits(back.cluster[odd].embedding.fields["content"]), _bits(content))
+
+    def no_dense(*_a, **_k):
+        raise AssertionError("a loaded compact table was densified")
+
+    monkeypatch.setattr(SparseRows, "from_dense", classmethod(no_dense))
+    got = back.ask("note three", record=False)[0].association
+    assert [i for i, _ in got] == [i for i, _ in want]
+    assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-6)
