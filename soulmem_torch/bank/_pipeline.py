@@ -108,7 +108,9 @@ def _string_channel(
         owners.append(slot if columns[slot] is not None else -1)
     if not slots:
         return None
-    return string_scores_segments(queries, columns, owners, m, weights=weights, device=union.device)
+    return string_scores_segments(
+        queries, columns, owners, m, weights=weights, device=union.device, cache=union.cache
+    )
 
 
 def _text_channel(

@@ -570,33 +570,41 @@ def note_ids(union: UnionSnapshot, positions: Sequence[int]) -> list[Any]:
     return flat
 
 
-def _candidate_cos(notes: Any, qs: Any, fidx: Tensor) -> Any:
+def _candidate_cos(notes: Any, qs: Any, ix: Tensor) -> Any:
     """``cos(query field, note field) -> (s, U, M)`` for ``s`` queries against their candidate
-    rows: the candidates' rows of that note field (``fidx``: (s, M, F) union rows, the zero row
-    where absent) gathered as ``(s, M, D)`` — one field at a time, only the fields the rules
-    read — and matched by one ``bmm`` with the queries' normalized unit field (``qs``: a
-    :class:`~soulmem_torch.functional.similarity.QueryFields`, which normalizes only the
-    fields some unit has: the others' cosines are zeros, as a zero row's are)."""
+    rows: the candidates' rows of that note field (``ix``: (s, M) union nodes; the field's
+    row of each read off ``notes.index`` — one field at a time, only the fields the rules read,
+    the zero row where absent) matched by one sampled product with the queries' normalized
+    unit field (``qs``: a :class:`~soulmem_torch.functional.similarity.QueryFields`, which
+    normalizes only the fields some unit has: the others' cosines are zeros, as a zero row's
+    are)."""
     from soulmem_torch.embedding.fields import FIELD_INDEX, QUERY_FIELD_INDEX
 
     s, u = qs.shape
-    m = int(fidx.shape[1])
+    m = int(ix.shape[1])
 
     def cos(q_name: str, f_name: str) -> Tensor:
         qf = qs.slice(QUERY_FIELD_INDEX[q_name])
         if qf is None:
-            return fidx.new_zeros((s, u, m), dtype=torch.float32)
-        cols = fidx[:, :, FIELD_INDEX[f_name]].unsqueeze(1).expand(s, u, m).reshape(s * u, m)
+            return ix.new_zeros((s, u, m), dtype=torch.float32)
+        rows = _take(notes.index[:, FIELD_INDEX[f_name]], ix)  # (s, M): that field's rows only
+        cols = rows.unsqueeze(1).expand(s, u, m).reshape(s * u, m)
         return row_dots(qf.reshape(s * u, -1), notes.rows, cols).view(s, u, m)
 
     return cos
 
 
-def _has_field(mask: Tensor, name: str) -> Tensor:
-    """``(s, 1, M)``: which candidates have note field ``name`` (``mask``: (s, M, F))."""
+def _take(x: Tensor, ix: Tensor) -> Tensor:
+    """``x[ix]`` for a 1-D ``x`` (one ``index_select``: less fixed cost than indexing)."""
+    return x.index_select(0, ix.reshape(-1)).view(ix.shape)
+
+
+def _has_field(mask: Tensor, ix: Tensor, name: str) -> Tensor:
+    """``(s, 1, M)``: which candidates ``ix`` (s, M) have note field ``name`` (``mask``: the
+    note side's (N, F) presence)."""
     from soulmem_torch.embedding.fields import FIELD_INDEX
 
-    return mask[:, :, FIELD_INDEX[name]].unsqueeze(1)
+    return _take(mask[:, FIELD_INDEX[name]], ix).unsqueeze(1)
 
 
 def structured_similarity(
@@ -630,15 +638,12 @@ def structured_similarity(
     um = q.unit_mask
     qm = q.field_mask & um.unsqueeze(-1)
     kind = q.kind.to(device)
-    qtag = normalize_rows(q.tag)
     q_zero = ~(q.tag != 0).any(dim=-1)
     # per query: its candidates' (M, F) row numbers and masks, and ~16 (U, M) cosine planes
-    u = int(q.field.shape[1])
+    u = q.num_units
     for sl in _chunks(b, m * (2 * int(notes.index.shape[1]) + 16 * max(u, 1))):
         ix = idx[sl]
-        ntype = union.node_type[ix]
-        fidx = notes.index[ix]  # (c, M, F) union rows
-        fm = notes.mask[ix]
+        ntype = _take(union.node_type, ix)
         c = ix.shape[0]
         variant = torch.zeros(c, m, dtype=torch.float32, device=device)
         k = kind[sl]
@@ -646,24 +651,34 @@ def structured_similarity(
         sit = (k == QUERY_SITUATION).nonzero().squeeze(1)
         rows = torch.arange(sl.start, sl.stop, device=device)
         if sem.numel():
-            qs = QueryFields(q.field, rows[sem], qm[rows[sem]])
-            cos = _candidate_cos(notes, qs, fidx[sem])
-            v = fsim.semantic_variant(cos, qm[sl][sem], um[sl][sem], w)
-            variant[sem] = torch.where(ntype[sem] == NODE_SEMANTIC, v, 0.0)
+            at = rows.index_select(0, sem)
+            qs = QueryFields(q, at, qm.index_select(0, at))
+            cos = _candidate_cos(notes, qs, ix.index_select(0, sem))
+            v = fsim.semantic_variant(cos, qm.index_select(0, at), um.index_select(0, at), w)
+            variant[sem] = torch.where(ntype.index_select(0, sem) == NODE_SEMANTIC, v, 0.0)
         if sit.numel():
-            qs = QueryFields(q.field, rows[sit], qm[rows[sit]])
-            cos = _candidate_cos(notes, qs, fidx[sit])
-            fm_sit, nt_sit = fm[sit], ntype[sit]
+            at = rows.index_select(0, sit)
+            qs = QueryFields(q, at, qm.index_select(0, at))
+            ix_sit, nt_sit = ix.index_select(0, sit), ntype.index_select(0, sit)
+            cos = _candidate_cos(notes, qs, ix_sit)
             v = fsim.situation_variant(
-                cos, functools.partial(_has_field, fm_sit), nt_sit.unsqueeze(1),
-                qm[sl][sit], um[sl][sit], w,
+                cos, functools.partial(_has_field, notes.mask, ix_sit), nt_sit.unsqueeze(1),
+                qm.index_select(0, at), um.index_select(0, at), w,
             )  # fmt: skip
             is_sit = (nt_sit == NODE_SPECIFIC) | (nt_sit == NODE_ABSTRACT)
             variant[sit] = torch.where(is_sit, v, 0.0)
-        tag_cos = row_dots(qtag[sl], notes.tag, ix)
-        no_tag = q_zero[sl].unsqueeze(1) | notes.no_tag[ix]
+        # a query without tags scores its variant alone: its tag cosines are never read
+        tagged = (~q_zero[sl]).nonzero().squeeze(1)
+        if int(tagged.numel()) == c:
+            tag_cos = row_dots(normalize_rows(q.tag[sl]), notes.tag, ix)
+        else:
+            tag_cos = torch.zeros(c, m, dtype=torch.float32, device=device)
+            if tagged.numel():
+                qtag = normalize_rows(q.tag[sl][tagged])  # (row by row: the same values)
+                tag_cos[tagged] = row_dots(qtag, notes.tag, ix[tagged])
+        no_tag = q_zero[sl].unsqueeze(1) | _take(notes.no_tag, ix)
         score = torch.where(no_tag, variant, w.tag * tag_cos + w.variant * variant)
-        has_emb = notes.has_emb[ix]
+        has_emb = _take(notes.has_emb, ix)
         score = torch.where(has_emb, score, 0.0)
         if string is not None:
             fused = fsim.fuse_string_scores(score, string[sl], alpha=w.string_blend_alpha)

@@ -324,10 +324,16 @@ class MemoryBank:
 
     def _fresh_union(self, positions: Sequence[int]) -> Any:
         """The union, rebuilt first if an agent of this batch changed through its view."""
+        import torch
+
         union = self.union()
+        # an agent's current snapshot is the one its cluster holds for its version (what
+        # ``Agent.snapshot`` returns, read without building one: none held means a change)
+        key = ("graph", torch.device("cpu"))
+        agents, order, snaps = self._agents, self._order, self._union_snapshots
         for p in set(positions):
-            agent = self._agents[self._order[p]]
-            if agent.mem is not None and agent.snapshot() is not self._union_snapshots[p]:
+            mem = agents[order[p]].mem
+            if mem is not None and mem.working_memory.cluster.cached(key) is not snaps[p]:
                 self._dirty = True
                 return self.union()
         return union

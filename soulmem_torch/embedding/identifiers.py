@@ -132,11 +132,13 @@ def string_scores_segments(
     *,
     weights: BlendWeights | None = None,
     device: torch.device | str | None = None,
+    cache: dict[Any, Any] | None = None,
 ) -> Tensor:
     """:func:`string_scores` of each query against its own notes' index, all in one pass:
     (B, num_notes) float32, query ``b`` against ``columns[owners[b]]`` (an
     :class:`~soulmem_torch.functional.string_sim.IdentifierColumns`; ``owners[b] < 0``: a
-    zero row). The bank's exact-identifier channel (one index per agent)."""
+    zero row). The bank's exact-identifier channel (one index per agent); ``cache``: where
+    the joined indexes of the latest batch are kept (a union snapshot's cache)."""
     w = weights if weights is not None else BlendWeights()
     idents = [
         query_identifiers(as_query(q, i)) if o >= 0 else None
@@ -149,4 +151,5 @@ def string_scores_segments(
             w.sit_event_initiator_only_action, w.sit_event_target_only_action,
         ),
         device=device,
+        cache=cache,
     )  # fmt: skip

@@ -23,7 +23,6 @@ target over those given); an empty list is the same as no list. ``time_span`` is
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,15 +48,63 @@ from soulmem_torch.model.query import (
 __all__ = ["QueryEmbeddingBatch", "as_query", "cached_note_side", "embed_queries"]
 
 
-@dataclass
 class QueryEmbeddingBatch:
-    """Embedded queries, padded to ``U`` units (see the module docstring for the shapes)."""
+    """Embedded queries, padded to ``U`` units (see the module docstring for the shapes).
 
-    tag: Tensor
-    kind: Tensor
-    field: Tensor
-    field_mask: Tensor
-    unit_mask: Tensor
+    ``field`` is the padded ``(B, U, Q, D)`` block. :func:`embed_queries` keeps it compact
+    instead — the distinct slot vectors and each cell's slot (``-1``: absent) — and makes the
+    dense block only when something reads ``field`` (:meth:`field_slice` reads one field of
+    some queries without it: a batch of free-text questions fills 1–2 of the ``Q`` fields, so
+    the padded block is mostly zeros that would be written and never read).
+    """
+
+    __slots__ = ("_field", "_slot_of", "_slots", "field_mask", "kind", "tag", "unit_mask")
+
+    def __init__(
+        self,
+        tag: Tensor,
+        kind: Tensor,
+        field: Tensor | None,
+        field_mask: Tensor,
+        unit_mask: Tensor,
+        *,
+        slots: Tensor | None = None,
+        slot_of: Tensor | None = None,
+    ) -> None:
+        if field is None and (slots is None or slot_of is None):
+            raise ValidationError("field: expected a (B, U, Q, D) tensor, or slots and slot_of")
+        self.tag, self.kind, self.field_mask, self.unit_mask = tag, kind, field_mask, unit_mask
+        self._field, self._slots, self._slot_of = field, slots, slot_of
+
+    def __repr__(self) -> str:
+        b, u, q = (int(s) for s in self.field_mask.shape)
+        return f"QueryEmbeddingBatch(B={b}, U={u}, Q={q}, D={self.dim}, device={self.device})"
+
+    @property
+    def field(self) -> Tensor:
+        """(B, U, Q, D) float32: the unit fields, zeros where absent (made on first read when
+        the batch is compact)."""
+        if self._field is None:
+            assert self._slots is not None and self._slot_of is not None
+            slot_of, slots = self._slot_of, self._slots
+            field = slots.new_zeros((*slot_of.shape, int(slots.shape[1])))
+            flat = (slot_of.reshape(-1) >= 0).nonzero().squeeze(1)
+            field.view(-1, int(slots.shape[1]))[flat] = slots[slot_of.reshape(-1)[flat]]
+            self._field = field
+        return self._field
+
+    def field_slice(self, rows: Tensor, i: int, *, absent_zero: bool = True) -> Tensor:
+        """``field[rows, :, i]``: (b, U, D), the same values, without the dense block.
+
+        ``absent_zero=False``: the units without field ``i`` hold some other finite row
+        instead of zeros (for a caller that masks them out itself)."""
+        if self._field is not None:
+            return self._field[rows, :, i]
+        assert self._slots is not None and self._slot_of is not None
+        at = self._slot_of[rows, :, i]
+        out = self._slots.index_select(0, at.clamp(min=0).reshape(-1))
+        out = out.view(*at.shape, int(self._slots.shape[1]))
+        return out.masked_fill_((at < 0).unsqueeze(-1), 0.0) if absent_zero else out
 
     @property
     def num_queries(self) -> int:
@@ -75,26 +122,30 @@ class QueryEmbeddingBatch:
     def device(self) -> torch.device:
         return self.tag.device
 
+    def _with(self, f: Any, field_mask: Tensor, unit_mask: Tensor) -> QueryEmbeddingBatch:
+        if self._field is not None:
+            return QueryEmbeddingBatch(
+                f(self.tag), f(self.kind), f(self._field), field_mask, unit_mask
+            )
+        assert self._slots is not None and self._slot_of is not None
+        return QueryEmbeddingBatch(
+            f(self.tag), f(self.kind), None, field_mask, unit_mask,
+            slots=self._slots, slot_of=f(self._slot_of),
+        )  # fmt: skip
+
     def to(self, device: torch.device | str) -> QueryEmbeddingBatch:
         """A copy on ``device``."""
-        return QueryEmbeddingBatch(
-            tag=self.tag.to(device),
-            kind=self.kind.to(device),
-            field=self.field.to(device),
-            field_mask=self.field_mask.to(device),
-            unit_mask=self.unit_mask.to(device),
+        out = self._with(
+            lambda t: t.to(device), self.field_mask.to(device), self.unit_mask.to(device)
         )
+        if out._slots is not None:
+            out._slots = out._slots.to(device)
+        return out
 
     def select(self, index: Tensor | Sequence[int]) -> QueryEmbeddingBatch:
         """The queries at ``index`` (a sub-batch)."""
         idx = torch.as_tensor(index, dtype=torch.long, device=self.tag.device)
-        return QueryEmbeddingBatch(
-            tag=self.tag[idx],
-            kind=self.kind[idx],
-            field=self.field[idx],
-            field_mask=self.field_mask[idx],
-            unit_mask=self.unit_mask[idx],
-        )
+        return self._with(lambda t: t[idx], self.field_mask[idx], self.unit_mask[idx])
 
     def score(
         self,
@@ -216,43 +267,45 @@ class _QueryPlanner:
             self.plan.add_chunked(slot, unit.narrative, 1.0, f"{where}.narrative")
             self.cells.append((b, u, QUERY_FIELD_INDEX["narrative"], slot))
         locs = unit.location or []
-        self.pooled(
-            b,
-            u,
-            "location_name",
-            [(x.name, f"{where}.location[{k}].name") for k, x in enumerate(locs)],
-        )
-        self.pooled(
-            b,
-            u,
-            "location_coordinates",
-            [
-                (x.coordinates, f"{where}.location[{k}].coordinates")
-                for k, x in enumerate(locs)
-                if x.coordinates is not None
-            ],
-        )
+        if locs:  # (an empty list is no list: nothing to pool)
+            self.pooled(
+                b,
+                u,
+                "location_name",
+                [(x.name, f"{where}.location[{k}].name") for k, x in enumerate(locs)],
+            )
+            self.pooled(
+                b,
+                u,
+                "location_coordinates",
+                [
+                    (x.coordinates, f"{where}.location[{k}].coordinates")
+                    for k, x in enumerate(locs)
+                    if x.coordinates is not None
+                ],
+            )
         people = unit.participants or []
-        self.pooled(
-            b,
-            u,
-            "participant_name",
-            [
-                (p.name, f"{where}.participants[{k}].name")
-                for k, p in enumerate(people)
-                if p.name is not None
-            ],
-        )
-        self.pooled(
-            b,
-            u,
-            "participant_role",
-            [
-                (p.role, f"{where}.participants[{k}].role")
-                for k, p in enumerate(people)
-                if p.role is not None
-            ],
-        )
+        if people:
+            self.pooled(
+                b,
+                u,
+                "participant_name",
+                [
+                    (p.name, f"{where}.participants[{k}].name")
+                    for k, p in enumerate(people)
+                    if p.name is not None
+                ],
+            )
+            self.pooled(
+                b,
+                u,
+                "participant_role",
+                [
+                    (p.role, f"{where}.participants[{k}].role")
+                    for k, p in enumerate(people)
+                    if p.role is not None
+                ],
+            )
         env = unit.environment
         if env is not None:
             if env.atmosphere is not None:
@@ -265,32 +318,33 @@ class _QueryPlanner:
             if env.tone is not None:
                 self.pooled(b, u, "environment_tone", [(env.tone, f"{where}.environment.tone")])
         events = unit.event or []
-        self.pooled(
-            b,
-            u,
-            "event_action",
-            [(e.action, f"{where}.event[{k}].action") for k, e in enumerate(events)],
-        )
-        self.pooled(
-            b,
-            u,
-            "event_initiator",
-            [
-                (e.initiator, f"{where}.event[{k}].initiator")
-                for k, e in enumerate(events)
-                if e.initiator is not None
-            ],
-        )
-        self.pooled(
-            b,
-            u,
-            "event_target",
-            [
-                (e.target, f"{where}.event[{k}].target")
-                for k, e in enumerate(events)
-                if e.target is not None
-            ],
-        )
+        if events:
+            self.pooled(
+                b,
+                u,
+                "event_action",
+                [(e.action, f"{where}.event[{k}].action") for k, e in enumerate(events)],
+            )
+            self.pooled(
+                b,
+                u,
+                "event_initiator",
+                [
+                    (e.initiator, f"{where}.event[{k}].initiator")
+                    for k, e in enumerate(events)
+                    if e.initiator is not None
+                ],
+            )
+            self.pooled(
+                b,
+                u,
+                "event_target",
+                [
+                    (e.target, f"{where}.event[{k}].target")
+                    for k, e in enumerate(events)
+                    if e.target is not None
+                ],
+            )
 
 
 def embed_queries(
@@ -346,19 +400,22 @@ def embed_queries(
         if bsz
         else slots.new_zeros(0, dim)
     )
-    field = torch.zeros(bsz, num_units, nq, dim, dtype=torch.float32, device=dev)
+    # the cells' slots, -1 where absent: the padded (B, U, Q, D) block is made only if read
+    slot_of = torch.full((bsz * num_units * nq,), -1, dtype=torch.long, device=dev)
     field_mask = torch.zeros(bsz, num_units, nq, dtype=torch.bool, device=dev)
     if planner.cells:
         cells = torch.tensor(planner.cells, dtype=torch.long, device=dev)
         flat = (cells[:, 0] * num_units + cells[:, 1]) * nq + cells[:, 2]
-        field.view(-1, dim)[flat] = slots[cells[:, 3]]
+        slot_of[flat] = cells[:, 3]
         field_mask.view(-1)[flat] = True
     counts = torch.tensor(units_per_query, dtype=torch.long, device=dev)
     unit_mask = torch.arange(num_units, device=dev).unsqueeze(0) < counts.unsqueeze(1)
     return QueryEmbeddingBatch(
         tag=tag,
         kind=torch.tensor(kinds, dtype=torch.long, device=dev),
-        field=field,
+        field=None,
         field_mask=field_mask,
         unit_mask=unit_mask,
+        slots=slots,
+        slot_of=slot_of.view(bsz, num_units, nq),
     )

@@ -56,6 +56,7 @@ __all__ = [
     "BM25_B",
     "BM25_K1",
     "bm25_candidate_scores",
+    "bm25_term_starts",
     "bm25_note_weights",
     "bm25_scores",
     "bm25_term_major",
@@ -178,9 +179,23 @@ def rank_fusion(
         raise ValidationError(
             f"weights: expected {len(channels)} (one per channel), found {len(weights)}"
         )
+    if not k > 0:
+        raise ValidationError(f"k: expected a number > 0, found {k!r}")
+    stacked = None
+    if unscored == "zero" and len(channels) > 1 and shape[0] and shape[1]:
+        # every channel's ranks in one pass: the rows of all channels stacked (each row is
+        # ranked on its own, so the same ranks as one channel at a time)
+        real = _mask_of(channels[0], mask)
+        s = torch.stack([c.to(torch.float64) for c in channels])  # (C, B, N)
+        positive = real & (s > 0) & (s < float("inf"))
+        stacked = _positive_reciprocal_ranks(
+            s.view(-1, shape[1]), positive.view(-1, shape[1]), k
+        ).view(s.shape)
     total = None
     for i, c in enumerate(channels):
-        rr = reciprocal_rank(c, k=k, mask=mask, unscored=unscored)
+        rr = (
+            reciprocal_rank(c, k=k, mask=mask, unscored=unscored) if stacked is None else stacked[i]
+        )
         w = None if weights is None else weights[i]
         if w is not None:
             if w.shape != (shape[0],):
@@ -410,7 +425,12 @@ def bm25_scores(
 
 
 def bm25_candidate_scores(
-    query_terms: Tensor, term_major: Tensor, first_note: Tensor, width: int
+    query_terms: Tensor,
+    term_major: Tensor,
+    first_note: Tensor,
+    width: int,
+    *,
+    term_start: Tensor | None = None,
 ) -> Tensor:
     """BM25 of B queries each against its own memory of a disjoint union: (B, width) float64,
     column ``j`` of row ``b`` the score of note ``first_note[b] + j``.
@@ -425,6 +445,9 @@ def bm25_candidate_scores(
         term_major: coalesced sparse COO (V, N) of the union's BM25 weights (term-major).
         first_note: (B,) int64, the union index of each query's memory's first note.
         width: >= the largest memory's note count.
+        term_start: (V + 1,) int64, where each term row's postings start in ``term_major``
+            (:func:`bm25_term_starts`), when the caller keeps it with ``term_major``;
+            ``None``: counted here.
 
     Raises:
         ValidationError: bad shapes, or a query term whose postings fall outside its row's
@@ -442,7 +465,7 @@ def bm25_candidate_scores(
     out = torch.zeros(b, int(width), dtype=torch.float64, device=device)
     if b == 0 or width == 0 or term_major.shape[0] == 0:
         return out
-    posting = _postings(query_terms, term_major)
+    posting = _postings(query_terms, term_major, term_start)
     if posting is not None:
         row, note, value = posting
         local = note - first_note.to(device)[row]
@@ -455,24 +478,35 @@ def bm25_candidate_scores(
     return out
 
 
-def _postings(query_terms: Tensor, term_major: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+def bm25_term_starts(term_major: Tensor) -> Tensor:
+    """(V + 1,) int64: where each term row's postings start in a coalesced term-major COO
+    (V, N), and the end (its CSR row pointer)."""
+    v = int(term_major.shape[0])
+    count = torch.bincount(term_major.indices()[0], minlength=v)
+    out = torch.zeros(v + 1, dtype=torch.int64, device=term_major.device)
+    torch.cumsum(count, 0, out=out[1:])
+    return out
+
+
+def _postings(
+    query_terms: Tensor, term_major: Tensor, term_start: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor] | None:
     """Every (query, note, ``q(t) · w(note, t)``) posting of the queries' terms, queries in
     order, each query's terms in term order, each term's notes in order; None when none."""
     device = term_major.device
-    v = term_major.shape[0]
     q = query_terms.to(device)
     q = q.coalesce() if q.is_sparse else q.to_sparse()
     qb, qt = q.indices()
     qv = q.values().to(torch.float64)
-    t_of, n_of = term_major.indices()
+    _, n_of = term_major.indices()
     w = term_major.values().to(torch.float64)
-    count = torch.bincount(t_of, minlength=v)
-    start = torch.cumsum(count, 0) - count
-    lens = count[qt]
+    crow = bm25_term_starts(term_major) if term_start is None else term_start
+    first_of = crow[qt]
+    lens = crow[qt + 1] - first_of
     total = int(lens.sum())
     if total == 0:
         return None
-    first = torch.repeat_interleave(start[qt], lens)
+    first = torch.repeat_interleave(first_of, lens)
     rank_in_run = torch.arange(total, device=device) - torch.repeat_interleave(
         torch.cumsum(lens, 0) - lens, lens
     )

@@ -51,7 +51,7 @@ from __future__ import annotations
 import struct
 import warnings
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -368,12 +368,17 @@ class QueryFields:
     the batch has is never normalized or multiplied (its cosines are zeros, as a zero row's
     are), and the others are gathered as (b, U, D) slices — the padded (B, U, Q, D) tensor is
     never copied or normalized whole.
+
+    ``field``: the (B, U, Q, D) tensor, or anything with ``field_slice(rows, i, *,
+    absent_zero)`` returning ``field[rows, :, i]`` (a compact ``QueryEmbeddingBatch``: the
+    padded block never made; with ``absent_zero=False`` absent units may hold any finite row,
+    as they are zeroed here).
     """
 
-    def __init__(self, field: Tensor, rows: Tensor, qm: Tensor) -> None:
+    def __init__(self, field: Any, rows: Tensor, qm: Tensor) -> None:
         self.field, self.rows, self.qm = field, rows, qm  # qm: (b, U, Q), rows into field
-        self.device = field.device
-        self.shape = (int(rows.shape[0]), int(field.shape[1]))
+        self.device = rows.device
+        self.shape = (int(rows.shape[0]), int(qm.shape[1]))
         self.present = qm.any(dim=1).any(dim=0).tolist()  # (Q,): one host sync
         self._done: dict[int, Tensor] = {}
 
@@ -383,8 +388,18 @@ class QueryFields:
         if not self.present[i]:
             return None
         if i not in self._done:
-            x = normalize_rows(self.field[self.rows, :, i])
-            self._done[i] = x.masked_fill_(~self.qm[:, :, i].unsqueeze(-1), 0.0)
+            take = getattr(self.field, "field_slice", None)
+            # (a compact batch's absent units hold other finite rows: zeroed below)
+            raw = (
+                self.field[self.rows, :, i]
+                if take is None
+                else take(self.rows, i, absent_zero=False)
+            )
+            x = normalize_rows(raw)  # row by row: a row's values depend on that row alone
+            has = self.qm[:, :, i]
+            if take is None or not bool(has.all()):
+                x = x.masked_fill_(~has.unsqueeze(-1), 0.0)
+            self._done[i] = x
         return self._done[i]
 
 

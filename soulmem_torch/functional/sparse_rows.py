@@ -310,19 +310,26 @@ def sparse_row_dots(a: Tensor, table: SparseRows, cols: Tensor) -> Tensor:
     bounds = _steps(per_query, _PAIR_CELLS)
     flat_a = a.reshape(-1)
     val = table.val if table.val.dtype == a.dtype else table.val.to(a.dtype)
+    # cell positions and query offsets as int32 when they fit (half the index traffic)
+    idt = torch.int32 if int(crow[-1]) < 2**31 and r * d < 2**31 else torch.int64
+    col = table.col if table.col.dtype == idt else table.col.to(idt)
     for lo, hi in itertools.pairwise(bounds):
         seg = lengths[lo * k : hi * k]
-        total = int(per_query[lo:hi].sum())
+        counts = per_query[lo:hi]
+        total = int(counts.sum())
         if total == 0:
             continue
-        pos = _runs(start[lo * k : hi * k], seg, total)
-        # the offset of each cell's query row in ``flat_a``: one running sum of jumps (``d``
-        # at each query's first cell, ``lo · d`` for the first)
-        counts = per_query[lo:hi]
-        jumps = torch.full_like(counts, d)
-        jumps[0] = lo * d
-        owner = _offsets(torch.cumsum(counts, 0) - counts, jumps, total)
-        owner += table.col.index_select(0, pos)
+        # each pair's cells: arange(total) shifted by (pair's first cell in the table − its
+        # first product), one repeat per pair (no host sync: ``output_size`` is known)
+        shift = (start[lo * k : hi * k] - (torch.cumsum(seg, 0) - seg)).to(idt)
+        pos = torch.arange(total, dtype=idt, device=a.device)
+        pos += torch.repeat_interleave(shift, seg, output_size=total)
+        # the offset of each cell's query row in ``flat_a``, plus the cell's column
+        owner = col.index_select(0, pos)
+        owner += torch.repeat_interleave(
+            torch.arange(lo * d, hi * d, d, dtype=idt, device=a.device), counts,
+            output_size=total,
+        )  # fmt: skip
         prod = flat_a.index_select(0, owner)
         prod *= val.index_select(0, pos)
         out[lo * k : hi * k] = torch.segment_reduce(prod, "sum", lengths=seg, unsafe=True)

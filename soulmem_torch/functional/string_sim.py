@@ -31,9 +31,11 @@ query) are plain data; :func:`string_channel_scores` computes every distinct
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -429,22 +431,113 @@ def _objects(items: Sequence[str]) -> np.ndarray:
     return out
 
 
-def _pair_sds(a: np.ndarray, b: np.ndarray, a_empty: np.ndarray, b_empty: np.ndarray) -> np.ndarray:
-    """``sds(a[i], b[i])`` of paired strings (rapidfuzz's pairwise ``cpdist``; ``*_empty``:
-    which strings are empty): (P,) float32, the values :func:`string_distance_matrix` gives
-    those pairs."""
-    if a.size == 0:
-        return np.zeros(0, dtype=np.float32)
-    from rapidfuzz import process
-    from rapidfuzz.distance import JaroWinkler, Levenshtein
+def _pair_sds(
+    a: np.ndarray,
+    b: np.ndarray,
+    a_empty: np.ndarray,
+    b_empty: np.ndarray,
+    ai: np.ndarray | None = None,
+    bi: np.ndarray | None = None,
+    *,
+    b_chars: _Chars | None = None,
+) -> np.ndarray:
+    """``sds(a[ai[k]], b[bi[k]])`` of paired strings (``ai`` / ``bi`` ``None``: ``a[k]`` with
+    ``b[k]``; ``*_empty``: which strings of ``a`` / ``b`` are empty): (P,) float32, the values
+    :func:`string_distance_matrix` gives those pairs (rapidfuzz's pairwise ``cpdist``).
+    ``b_chars``: ``_chars(b)``, when the caller keeps it.
 
-    al, bl = a.tolist(), b.tolist()
-    jw = process.cpdist(al, bl, scorer=JaroWinkler.similarity, dtype=np.float64)
-    lev = process.cpdist(al, bl, scorer=Levenshtein.normalized_similarity, dtype=np.float64)
-    out = np.maximum(jw.astype(np.float32), lev.astype(np.float32))
-    out[a_empty ^ b_empty] = 0.0
-    out[a_empty & b_empty] = 1.0
+    Only pairs that can score above 0 are handed to rapidfuzz, and the Levenshtein term only
+    where it can beat Jaro-Winkler: with ``c`` an upper bound of the characters two strings
+    share (:func:`_shared_chars`), ``c = 0`` means no Jaro match and an edit distance of
+    ``max(len)`` (both terms exactly 0), and ``1 − lev / max(len) ≤ c / max(len)`` (each kept
+    character is a shared one), so where that bound is at most the Jaro-Winkler value the
+    maximum is Jaro-Winkler's. The same bits as scoring every pair with both."""
+    if ai is None or bi is None:
+        ai = bi = np.arange(a.size, dtype=np.int64)
+    pairs = int(ai.size)
+    out = np.zeros(pairs, dtype=np.float32)
+    if pairs == 0:
+        return out
+    a_chars = _chars(a)
+    b_chars = _chars(b) if b_chars is None else b_chars
+    a_len, b_len = a_chars[0], b_chars[0]
+    shared = _shared_chars(a_chars, ai, b_chars, bi)
+    live = np.flatnonzero(shared > 0)
+    if live.size:
+        from rapidfuzz import process
+        from rapidfuzz.distance import JaroWinkler, Levenshtein
+
+        al, bl = a[ai[live]], b[bi[live]]
+        jw = process.cpdist(
+            al.tolist(), bl.tolist(), scorer=JaroWinkler.similarity, dtype=np.float64
+        )
+        longest = np.maximum(a_len[ai[live]], b_len[bi[live]])
+        # (1e-9: well above the rounding of either side, so no pair that could win is left out)
+        need = np.flatnonzero(shared[live] / longest + 1e-9 > jw)
+        lev = np.zeros(live.size, dtype=np.float64)
+        if need.size:
+            lev[need] = process.cpdist(
+                al[need].tolist(), bl[need].tolist(),
+                scorer=Levenshtein.normalized_similarity, dtype=np.float64,
+            )  # fmt: skip
+        out[live] = np.maximum(jw.astype(np.float32), lev.astype(np.float32))
+    ea, eb = a_empty[ai], b_empty[bi]
+    out[ea ^ eb] = 0.0
+    out[ea & eb] = 1.0
     return out
+
+
+_Chars = tuple[np.ndarray, "tuple[np.ndarray, np.ndarray] | None"]
+"""A string array's lengths, and its code points one after another (uint32) with each
+string's first (``None``: a string UTF-32 cannot hold, a lone surrogate)."""
+
+
+def _chars(strings: np.ndarray) -> _Chars:
+    """The :data:`_Chars` of a 1-D object array of strings."""
+    items = strings.tolist()
+    lengths = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
+    try:
+        raw = "".join(items).encode("utf-32-le")
+    except UnicodeEncodeError:
+        return lengths, None
+    first = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=first[1:])
+    return lengths, (np.frombuffer(raw, dtype=np.uint32), first)
+
+
+_CHAR_BITS = 1024
+"""Width of the per-string character bitmap of :func:`_shared_chars` (a power of two)."""
+
+
+def _shared_chars(a: _Chars, ai: np.ndarray, b: _Chars, bi: np.ndarray) -> np.ndarray:
+    """(P,) int64: an upper bound of the characters (with repeats) pair ``k`` = ``(a[ai[k]],
+    b[bi[k]])`` has in common (``a`` / ``b``: the two string arrays' :data:`_Chars`) — the
+    characters of one side (the one with fewer over the batch) whose bit is set in the other
+    string's character bitmap (code point modulo ``_CHAR_BITS``: every shared character is
+    counted, a collision only loosens the bound); 0 only when the two share no character. No
+    Python loop over pairs."""
+    a_len, b_len = a[0], b[0]
+    if int(b_len[bi].sum()) > int(a_len[ai].sum()):  # walk the side with fewer characters
+        a, ai, b, bi = b, bi, a, ai
+        a_len, b_len = b_len, a_len
+    a_codes, b_codes = a[1], b[1]
+    if a_codes is None or b_codes is None:  # no bound: every pair is scored
+        return np.maximum(a_len[ai], b_len[bi])
+    (a_cp, _), (b_cp, b_first) = a_codes, b_codes
+    counts = b_len[bi]
+    total = int(counts.sum())
+    if total == 0 or a_cp.size == 0:
+        return np.zeros(ai.size, dtype=np.int64)
+    width = _CHAR_BITS
+    while width > 64 and a_len.size * width > (1 << 22):  # the bitmaps stay a few MiB
+        width //= 2
+    bits = np.zeros((a_len.size, width), dtype=bool)
+    bits[np.repeat(np.arange(a_len.size, dtype=np.int64), a_len), a_cp & (width - 1)] = True
+    ends = np.cumsum(counts)
+    cells = np.repeat(b_first[bi] - (ends - counts), counts) + np.arange(total, dtype=np.int64)
+    hit = bits[np.repeat(ai, counts), b_cp[cells] & (width - 1)]
+    pair = np.repeat(np.arange(ai.size, dtype=np.int64), counts)
+    return np.bincount(pair[hit], minlength=ai.size)
 
 
 def _ragged(owner_rows: np.ndarray, ptr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -465,21 +558,32 @@ def string_channel_scores_segments(
     *,
     event_weights: tuple[float, float, float, float, float] = (0.3, 0.3, 0.4, 0.6, 0.6),
     device: torch.device | str | None = None,
+    cache: dict[Any, Any] | None = None,
 ) -> Tensor:
     """:func:`string_channel_scores` of each query against its own index, every query of
     the batch in one pass: (B, num_notes) float32, row ``b`` scored against
     ``columns[owners[b]]`` (its note numbers are columns; ``owners[b] < 0`` or a ``None``
     query: a zero row). Only the (query string, identifier) pairs of a query's own index are
     compared (pairwise, ``rapidfuzz.process.cpdist``), never every string against every
-    index; the values equal the per-index function's."""
+    index; the values equal the per-index function's.
+
+    ``cache``: a dict kept with the indexes (a bank's union snapshot's): the indexes laid end
+    to end (:class:`_JoinedColumns`) are kept there for the latest ``columns`` (one slot,
+    checked by identity), so a warm batch of the same agents does not join them again."""
     dev = torch.device("cpu") if device is None else torch.device(device)
     bsz = len(queries)
     out = torch.zeros(bsz, num_notes, dtype=torch.float32, device=dev)
     if bsz == 0 or num_notes == 0:
         return out
     segs = [c if c is not None else _EMPTY_COLUMNS for c in columns]
-    pos = {kind: _ptr([len(c.notes[kind]) for c in segs]) for kind in _KINDS}
-    pos["events"] = _ptr([len(c.event_notes) for c in segs])
+    kept = None if cache is None else cache.get("string_columns_layout")
+    if kept is not None and len(kept[0]) == len(segs) and all(map(operator.is_, kept[0], segs)):
+        joined = kept[1]
+    else:
+        joined = _JoinedColumns.of(segs)
+        if cache is not None:  # one slot: the latest set of indexes asked
+            cache["string_columns_layout"] = (segs, joined)
+    pos = joined.ptr
     flat = np.full(bsz * num_notes, -np.inf, dtype=np.float32)
 
     def pool(kind: str, per_query: Sequence[Sequence[str]]) -> None:
@@ -489,24 +593,69 @@ def string_channel_scores_segments(
         rows, member = _ragged(qo, pos[kind])
         if not member.size:
             return
-        strings = np.concatenate([c.strings[kind] for c in segs])
-        empty = np.concatenate([c.empty[kind] for c in segs])
-        notes = np.concatenate([c.notes[kind] for c in segs])
         q_empty = _empties(qs.tolist())
-        sds = _pair_sds(qs[rows], strings[member], q_empty[rows], empty[member])
-        np.maximum.at(flat, qb[rows] * num_notes + _within(notes[member], num_notes), sds)
+        sds = _pair_sds(
+            qs, joined.strings[kind], q_empty, joined.empty[kind], rows, member,
+            b_chars=joined.chars(kind),
+        )  # fmt: skip
+        notes = joined.notes[kind][member]
+        np.maximum.at(flat, qb[rows] * num_notes + _within(notes, num_notes), sds)
 
     sit = [q is not None and not q.semantic for q in queries]
     pool("semantic", [q.concepts if q is not None and q.semantic else [] for q in queries])
     pool("location", [q.locations if s else [] for q, s in zip(queries, sit)])
     pool("participant", [q.participants if s else [] for q, s in zip(queries, sit)])
     pool("environment", [q.atmospheres if s else [] for q, s in zip(queries, sit)])
-    _event_segments(flat, segs, pos["events"], owners, queries, sit, num_notes, event_weights)
+    _event_segments(flat, joined, owners, queries, sit, num_notes, event_weights)
     scores = torch.from_numpy(np.maximum(flat, 0.0).reshape(bsz, num_notes))
     return out.copy_(scores)
 
 
 _EMPTY_COLUMNS = IdentifierColumns.of(IdentifierIndex())
+
+
+class _JoinedColumns:
+    """Several :class:`IdentifierColumns` laid end to end: per kind the strings, their
+    emptiness, their notes and each index's first member (``ptr``, ``"events"`` for the
+    event leaves), and the strings' :data:`_Chars` made on first use."""
+
+    __slots__ = (
+        "_chars",
+        "empty",
+        "event_empty",
+        "event_notes",
+        "event_strings",
+        "notes",
+        "ptr",
+        "strings",
+    )
+
+    def __init__(self) -> None:
+        self.strings: dict[str, np.ndarray] = {}
+        self.empty: dict[str, np.ndarray] = {}
+        self.notes: dict[str, np.ndarray] = {}
+        self.ptr: dict[str, np.ndarray] = {}
+        self._chars: dict[str, _Chars] = {}
+
+    @classmethod
+    def of(cls, segs: Sequence[IdentifierColumns]) -> _JoinedColumns:
+        out = cls()
+        for kind in _KINDS:
+            out.strings[kind] = np.concatenate([c.strings[kind] for c in segs])
+            out.empty[kind] = np.concatenate([c.empty[kind] for c in segs])
+            out.notes[kind] = np.concatenate([c.notes[kind] for c in segs])
+            out.ptr[kind] = _ptr([len(c.notes[kind]) for c in segs])
+        out.ptr["events"] = _ptr([len(c.event_notes) for c in segs])
+        out.event_strings = np.concatenate([c.event_strings for c in segs]).reshape(-1, 3)
+        out.event_empty = np.concatenate([c.event_empty for c in segs]).reshape(-1, 3)
+        out.event_notes = np.concatenate([c.event_notes for c in segs])
+        return out
+
+    def chars(self, kind: str) -> _Chars:
+        found = self._chars.get(kind)
+        if found is None:
+            found = self._chars[kind] = _chars(self.strings[kind])
+        return found
 
 
 def _within(notes: np.ndarray, num_notes: int) -> np.ndarray:
@@ -539,8 +688,7 @@ def _query_rows(
 
 def _event_segments(
     flat: np.ndarray,
-    segs: Sequence[IdentifierColumns],
-    ptr: np.ndarray,
+    joined: _JoinedColumns,
     owners: Sequence[int],
     queries: Sequence[QueryIdentifiers | None],
     sit: Sequence[bool],
@@ -556,15 +704,13 @@ def _event_segments(
     ev = [e for evs in events for e in evs]
     q_str = _objects([s for a, i, t in ev for s in (a, i or "", t or "")]).reshape(-1, 3)
     has = np.array([(i is not None, t is not None) for _, i, t in ev], dtype=bool).reshape(-1, 2)
-    rows, member = _ragged(np.asarray(owners, dtype=np.int64)[qb], ptr)
+    rows, member = _ragged(np.asarray(owners, dtype=np.int64)[qb], joined.ptr["events"])
     if not member.size:
         return
-    n_str = np.concatenate([c.event_strings for c in segs]).reshape(-1, 3)
-    n_empty = np.concatenate([c.event_empty for c in segs]).reshape(-1, 3)
-    n_notes = np.concatenate([c.event_notes for c in segs])
+    n_str, n_empty, n_notes = joined.event_strings, joined.event_empty, joined.event_notes
     q_empty = _empties(q_str.reshape(-1).tolist()).reshape(-1, 3)
     action, initiator, target = (
-        _pair_sds(q_str[rows, k], n_str[member, k], q_empty[rows, k], n_empty[member, k])
+        _pair_sds(q_str[:, k], n_str[:, k], q_empty[:, k], n_empty[:, k], rows, member)
         for k in range(3)
     )
     t = torch.from_numpy

@@ -37,6 +37,7 @@ from soulmem_torch.functional.fusion import (
     bm25_candidate_scores,
     bm25_note_weights,
     bm25_scores,
+    bm25_term_starts,
 )
 
 if TYPE_CHECKING:
@@ -211,6 +212,9 @@ def query_strings(query: Any) -> list[str]:
     variant = getattr(query, "variant", None)
     if variant is None:
         return []
+    out: list[str] = []
+    if _model_strings(variant, out):  # (read off the attributes: no dump)
+        return out
     return _strings(variant.model_dump(mode="json"), [])
 
 
@@ -226,7 +230,8 @@ class TextIndex:
     def term_ids(self, strings: Iterable[str]) -> set[int]:
         """The columns of the known terms of ``strings`` (each once)."""
         vocab = self.vocab
-        return {vocab[t] for s in strings for t in _terms(s) if t in vocab}
+        # (a query repeats its text across fields: each distinct string's terms once)
+        return {vocab[t] for s in dict.fromkeys(strings) for t in _terms(s) if t in vocab}
 
     def query_terms(self, queries: Sequence[Iterable[str]], *, device: torch.device) -> Tensor:
         """Sparse COO (B, V) float64: 1 for each distinct known term of each query's strings."""
@@ -726,14 +731,17 @@ def candidate_text_scores(
     key = (tuple(used), str(device))
     kept = None if cache is None else cache.get("candidate_text_layout")
     if kept is not None and kept[0] == key and all(x is y for x, y in zip(kept[1], picked)):
-        term_base, note_base, term_major, terms = kept[2:]
+        term_base, note_base, term_major, terms, term_start = kept[2:]
     else:
         term_base, note_base, term_major, terms = _text_layout(used, indices, device)
+        term_start = None if term_major is None else bm25_term_starts(term_major)
         if cache is not None:  # one slot: the latest set of memories asked
-            cache["candidate_text_layout"] = (key, picked, term_base, note_base, term_major, terms)
+            cache["candidate_text_layout"] = (
+                key, picked, term_base, note_base, term_major, terms, term_start,
+            )  # fmt: skip
     if term_major is None:
         return torch.zeros(b, int(width), dtype=torch.float64, device=device)
-    rows: list[int] = []
+    counts = [0] * b
     cols: list[int] = []
     first = [0] * b
     for j, (q, p) in enumerate(zip(queries, owners)):
@@ -742,17 +750,22 @@ def candidate_text_scores(
             continue
         first[j] = note_base[p]
         seen = sorted(indices[p].term_ids(query_strings(q)))  # type: ignore[union-attr]
-        rows.extend([j] * len(seen))
-        cols.extend([base + c for c in seen])
+        counts[j] = len(seen)
+        cols.extend(seen)
+    # each query's columns offset by its memory's first term row, in one numpy pass
+    count = np.asarray(counts, dtype=np.int64)
+    base_of = np.asarray([term_base.get(p, 0) for p in owners], dtype=np.int64)
+    col = np.asarray(cols, dtype=np.int64) + np.repeat(base_of, count)
+    row = np.repeat(np.arange(b, dtype=np.int64), count)
     query_terms = torch.sparse_coo_tensor(
-        torch.tensor([rows, cols], dtype=torch.int64).reshape(2, -1),
-        torch.ones(len(rows), dtype=torch.float64),
+        torch.from_numpy(np.stack([row, col])),
+        torch.ones(int(row.size), dtype=torch.float64),
         (b, terms),
         is_coalesced=True,  # rows in order, each row's terms sorted and distinct
         check_invariants=False,
     ).to(device)
     first_note = torch.tensor(first, dtype=torch.int64, device=device)
-    return bm25_candidate_scores(query_terms, term_major, first_note, width)
+    return bm25_candidate_scores(query_terms, term_major, first_note, width, term_start=term_start)
 
 
 def _text_layout(

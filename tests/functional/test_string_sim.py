@@ -241,6 +241,17 @@ def test_segments_equal_one_index_at_a_time(seed: int, device: torch.device) -> 
             want[: sizes[o]] = string_scores([q], indexes[o])[0]
         assert torch.equal(got[b].cpu(), want), (b, o)
     assert string_scores_segments([], columns, [], m).shape == (0, m)
+    # the joined indexes kept in a cache (one slot) give the same bits, and are rebuilt for
+    # other indexes
+    cache: dict = {}
+    for _ in range(2):
+        kept = string_scores_segments(queries, columns, owners, m, device=device, cache=cache)
+        assert torch.equal(kept, got)
+    layout = cache["string_columns_layout"]
+    fewer = [*columns[:-1], IdentifierColumns.of(indexes[0])]
+    again = string_scores_segments(queries, fewer, owners, m, device=device, cache=cache)
+    assert cache["string_columns_layout"] is not layout
+    assert torch.equal(again, string_scores_segments(queries, fewer, owners, m, device=device))
 
 
 def test_segments_refuse_notes_past_the_width() -> None:
@@ -255,3 +266,29 @@ def test_segments_refuse_notes_past_the_width() -> None:
     assert torch.equal(string_scores_segments([query], columns, [0], 2), want)
     with pytest.raises(ValidationError, match="num_notes"):
         string_scores_segments([query], columns, [0], 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(_strings("aé酒馆😀的我\ud800", 60), min_size=1, max_size=8),
+    st.lists(_strings("aé酒馆😀的我b", 12), min_size=1, max_size=12),
+    st.data(),
+)
+def test_pair_scores_skip_only_pairs_that_cannot_win(
+    queries: list[str], choices: list[str], data: st.DataObject
+) -> None:
+    """The pairwise scores (pairs that share no character skipped, Levenshtein only where it
+    can beat Jaro-Winkler) are the bits of scoring every pair with both, a lone surrogate (no
+    character bound) included."""
+    from soulmem_torch.functional.string_sim import _empties, _objects, _pair_sds
+
+    n = data.draw(st.integers(0, 40))
+    ai = np.array(data.draw(st.lists(st.integers(0, len(queries) - 1), min_size=n, max_size=n)))
+    bi = np.array(data.draw(st.lists(st.integers(0, len(choices) - 1), min_size=n, max_size=n)))
+    ai, bi = ai.astype(np.int64), bi.astype(np.int64)
+    want = string_distance_matrix(queries, choices)[ai, bi]
+    a, b = _objects(queries), _objects(choices)
+    got = _pair_sds(a, b, _empties(queries), _empties(choices), ai, bi)
+    assert got.dtype == np.float32 and got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    aligned = _pair_sds(a[ai], b[bi], _empties(queries)[ai], _empties(choices)[bi])
+    assert aligned.view(np.uint32).tolist() == want.view(np.uint32).tolist()

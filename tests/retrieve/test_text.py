@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
+import numpy as np
+import pytest
 import torch
 
 from soulmem_torch.data import sample_memory_path
@@ -15,6 +17,7 @@ from soulmem_torch.retrieve.text import (
     build_text_index,
     build_text_indexes,
     note_strings,
+    query_strings,
 )
 
 
@@ -281,3 +284,15 @@ def _embeddings(mem, notes):
     from soulmem_torch.embedding import embed_notes
 
     return embed_notes(notes, mem.embedder)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_query_strings_read_off_the_model_equal_the_json_dump(seed: int) -> None:
+    """``query_strings`` reads a query's strings off its attributes: the strings (in order)
+    its ``model_dump(mode="json")`` holds."""
+    from tests.embedding.helpers import random_query
+
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        q = random_query(rng)
+        assert query_strings(q) == _strings(q.variant.model_dump(mode="json"), [])
