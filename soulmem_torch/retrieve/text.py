@@ -343,7 +343,11 @@ def remember_note_terms(memory: Any, notes: Iterable[MemoryNote]) -> None:
     store = note_terms_of(memory)
     if store is None:
         return
-    texts = [t for t in dict.fromkeys(map(note_text, notes)) if t not in store.terms]
+    from soulmem_torch.model import MemoryNote
+
+    items = [getattr(n, "note", n) for n in notes]  # an EmbeddedMemoryNote's note
+    items = [n for n in items if isinstance(n, MemoryNote)]  # (the write validates the rest)
+    texts = [t for t in dict.fromkeys(map(note_text, items)) if t not in store.terms]
     if not texts:
         return
     read = list(map(_text_terms_tuple, texts))

@@ -447,6 +447,9 @@ class _LoadedVectors(CompactVectors):
     def dim(self) -> int:
         return self._width
 
+    def __reduce__(self) -> tuple[Any, ...]:  # copy / pickle: a plain table, built
+        return (CompactVectors, (self.tag, self.rows, self.pos))
+
     def __len__(self) -> int:
         return self._len
 

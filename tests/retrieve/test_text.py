@@ -296,3 +296,18 @@ def test_query_strings_read_off_the_model_equal_the_json_dump(seed: int) -> None
     for _ in range(200):
         q = random_query(rng)
         assert query_strings(q) == _strings(q.variant.model_dump(mode="json"), [])
+
+
+def test_terms_on_write_take_embedded_notes_and_leave_bad_items_to_the_write() -> None:
+    from soulmem_torch import SoulMem
+    from soulmem_torch.errors import ValidationError
+    from soulmem_torch.retrieve.text import note_terms_of, note_text
+    from soulmem_torch.runtime.cluster import EmbeddedMemoryNote
+
+    notes = _mixed_notes()[:3]
+    mem = SoulMem()
+    assert mem.add_notes([EmbeddedMemoryNote(notes[0], None), notes[1]]) == 2
+    assert set(note_terms_of(mem).terms) == {note_text(n) for n in notes[:2]}
+    with pytest.raises(ValidationError, match=r"notes\[1\]"):
+        mem.add_notes([notes[2], "not a note"])
+    assert len(mem) == 2

@@ -244,6 +244,13 @@ def test_a_wide_float32_load_is_one_compact_table_bit_for_bit(tmp_path: Path, mo
         for name in ref.fields:
             assert torch.equal(_bits(e.embedding.fields[name]), _bits(ref.fields[name]))
     assert torch.equal(_bits(back.cluster[odd].embedding.fields["content"]), _bits(content))
+    import copy
+    import pickle
+
+    table = refs[0].table
+    for twin in (copy.deepcopy(table), pickle.loads(pickle.dumps(table))):
+        assert len(twin) == len(table) and twin.dim == table.dim
+        assert torch.equal(twin.pos, table.pos) and torch.equal(twin.rows.val, table.rows.val)
 
     def no_dense(*_a, **_k):
         raise AssertionError("a loaded compact table was densified")
