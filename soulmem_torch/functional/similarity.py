@@ -258,6 +258,31 @@ def rows_matmul(a: Tensor, table: Tensor | SparseRows, sel: Tensor | None = None
     return a @ rows.T
 
 
+def _normalized_sparse(block: SparseRows, keep: Tensor | None) -> SparseRows:
+    """``SparseRows.from_dense(normalize_rows(block.to_dense()) * keep)`` without the dense
+    quotient or its ``nonzero`` pass: the norms are ``normalize_rows``'s (the same reduction
+    over the same dense rows), each cell divided by its row's norm (the same quotient, bit for
+    bit), and the cells that come out zero (rows ``keep`` drops, underflow) left out, as
+    ``from_dense`` leaves them out."""
+    n = len(block)
+    norm = torch.linalg.vector_norm(block.to_dense(), dim=-1)
+    norm = torch.where(norm > 0, norm, torch.ones_like(norm))
+    lo, hi = int(block.crow[0]), int(block.crow[-1])
+    lengths = (block.crow[1:] - block.crow[:-1]).to(torch.int64)
+    rows = torch.repeat_interleave(torch.arange(n, device=block.device), lengths)
+    val = block.val[lo:hi] / norm.index_select(0, rows)
+    if keep is not None:
+        val = val * keep.index_select(0, rows)
+    col = block.col[lo:hi]
+    live = val != 0
+    if not bool(live.all()):
+        val, col, rows = val[live], col[live], rows[live]
+        lengths = torch.bincount(rows, minlength=n)
+    crow = lengths.new_zeros(n + 1)
+    torch.cumsum(lengths, 0, out=crow[1:])
+    return SparseRows(crow, col, val, block.width)
+
+
 def _normalized_table(
     x: Tensor, device: torch.device, *, zero_row: bool, keep: Tensor | None = None
 ) -> Tensor | SparseRows:
@@ -274,10 +299,13 @@ def _normalized_table(
         step = max(1, (1 << 22) // d)
         parts = []
         for lo in range(0, p, step):
-            raw = x.narrow(lo, min(lo + step, p)).to_dense() if sparse_in else x[lo : lo + step]
-            block = normalize_rows(raw)
-            if keep is not None:
-                block *= keep[lo : lo + step].unsqueeze(-1)
+            sub = None if keep is None else keep[lo : lo + step]
+            if sparse_in:
+                parts.append(_normalized_sparse(x.narrow(lo, min(lo + step, p)), sub))
+                continue
+            block = normalize_rows(x[lo : lo + step])
+            if sub is not None:
+                block *= sub.unsqueeze(-1)
             parts.append(SparseRows.from_dense(block))
         table = SparseRows.cat(parts)
         return table.with_zero_row() if zero_row else table

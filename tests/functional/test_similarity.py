@@ -726,3 +726,32 @@ def test_row_dots_equals_gathered_rows(device, dtype) -> None:
     assert bool((got.cpu()[cols == 0] == 0).all())  # the zero row
     assert fsim.row_dots(a[:0], table, cols[:0]).shape == (0, 11)
     assert fsim.row_dots(a, table, cols[:, :0]).shape == (7, 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_sparse_table_is_normalized_bit_for_bit_as_its_dense_rows(seed):
+    # the note side of a table held sparse: its cells divided by the dense rows' norms, the
+    # cells that come out zero left out — exactly from_dense(normalize_rows(dense) * keep)
+    from soulmem_torch.functional.sparse_rows import SparseRows
+
+    g = torch.Generator().manual_seed(seed)
+    p, d = 1100 + 300 * seed, 1024
+    x = torch.randn(p, d, generator=g) * (torch.rand(p, d, generator=g) < 0.03)
+    x[torch.rand(p, generator=g) < 0.1] = 0  # all-zero rows
+    x[0, :4] = 1e-38  # cells that underflow once divided
+    if seed % 2:
+        x = x.double()
+    keep = torch.rand(p, generator=g) < 0.8 if seed % 3 else None
+    zero_row = seed % 2 == 0
+    got = fsim._normalized_table(
+        SparseRows.from_dense(x), torch.device("cpu"), zero_row=zero_row, keep=keep
+    )
+    ref = fsim.normalize_rows(x)
+    if keep is not None:
+        ref = ref * keep.unsqueeze(-1)
+    ref = SparseRows.from_dense(ref)
+    ref = ref.with_zero_row() if zero_row else ref
+    assert isinstance(got, SparseRows)
+    assert torch.equal(got.crow, ref.crow)
+    assert got.col.dtype == ref.col.dtype and torch.equal(got.col, ref.col)
+    assert torch.equal(got.val, ref.val)
