@@ -23,7 +23,6 @@ import re
 import threading
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from itertools import repeat
 from operator import concat
 from typing import TYPE_CHECKING, Any
@@ -219,20 +218,68 @@ def query_strings(query: Any) -> list[str]:
     return _strings(variant.model_dump(mode="json"), [])
 
 
-@dataclass(frozen=True)
 class TextIndex:
     """BM25 weights of one memory's notes: ``vocab`` term → column, ``weights`` sparse (N, V)
-    and the same transposed, ``term_major`` (V, N)."""
+    and the same transposed, ``term_major`` (V, N).
 
-    vocab: dict[str, int]
-    weights: Tensor
-    term_major: Tensor
+    Built by :func:`build_text_indexes`, an index holds its columns' terms as ids of the
+    process's term numbering (``terms``: (V,) int64, ``numbering`` the :class:`_TermIds` they
+    are in) and makes ``vocab`` only when it is read: a query's terms are found by their ids
+    (one ``searchsorted``), so a first question to many memories builds no dict of terms."""
+
+    __slots__ = ("_lookup", "_numbering", "_terms", "_vocab", "term_major", "weights")
+
+    def __init__(
+        self,
+        vocab: dict[str, int] | None,
+        weights: Tensor,
+        term_major: Tensor,
+        *,
+        terms: np.ndarray | None = None,
+        numbering: _TermIds | None = None,
+    ) -> None:
+        if vocab is None and (terms is None or numbering is None):
+            raise ValidationError("vocab: expected a dict, or terms and their numbering")
+        self._vocab, self.weights, self.term_major = vocab, weights, term_major
+        self._terms, self._numbering = terms, numbering
+        self._lookup: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        """term → column (columns numbered as the terms first appear in the memory)."""
+        if self._vocab is None:
+            self._vocab = dict(zip(self.term_names(), itertools.count()))
+        return self._vocab
+
+    @property
+    def num_terms(self) -> int:
+        """V, the number of columns."""
+        return int(self.weights.shape[1])
+
+    def term_names(self) -> list[str]:
+        """The term of each column, in column order."""
+        if self._vocab is not None:
+            return list(self._vocab)
+        return list(map(self._numbering.names.__getitem__, self._terms.tolist()))  # type: ignore[union-attr]
 
     def term_ids(self, strings: Iterable[str]) -> set[int]:
         """The columns of the known terms of ``strings`` (each once)."""
-        vocab = self.vocab
         # (a query repeats its text across fields: each distinct string's terms once)
-        return {vocab[t] for s in dict.fromkeys(strings) for t in _terms(s) if t in vocab}
+        if self._vocab is not None or self._terms is None:
+            vocab = self.vocab
+            return {vocab[t] for s in dict.fromkeys(strings) for t in _terms(s) if t in vocab}
+        get = self._numbering.of_term.get  # type: ignore[union-attr]  # (numbers nothing)
+        found = {get(t) for s in dict.fromkeys(strings) for t in _terms(s)}
+        found.discard(None)
+        if not found or not len(self._terms):
+            return set()
+        if self._lookup is None:
+            order = np.argsort(self._terms, kind="stable")
+            self._lookup = (self._terms[order], order)
+        ordered, column = self._lookup
+        want = np.fromiter(found, np.int64, len(found))  # type: ignore[arg-type]
+        at = np.minimum(np.searchsorted(ordered, want), len(ordered) - 1)
+        return set(column[at[ordered[at] == want]].tolist())
 
     def query_terms(self, queries: Sequence[Iterable[str]], *, device: torch.device) -> Tensor:
         """Sparse COO (B, V) float64: 1 for each distinct known term of each query's strings."""
@@ -245,7 +292,7 @@ class TextIndex:
         out = torch.sparse_coo_tensor(
             torch.tensor([rows, cols], dtype=torch.int64).reshape(2, -1),
             torch.ones(len(rows), dtype=torch.float64),
-            (len(queries), len(self.vocab)),
+            (len(queries), self.num_terms),
             check_invariants=False,
         )
         return out.coalesce().to(device)
@@ -514,8 +561,8 @@ def _merged(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
 
 def _note_cells(
     notes: Sequence[MemoryNote], stores: Sequence[NoteTerms | None] | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """``(term ids, counts, note of each, term names)``: every note's distinct terms with
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, _TermIds]:
+    """``(term ids, counts, note of each, their numbering)``: every note's distinct terms with
     their counts, in note order, each note's in order of first appearance (the terms of
     :func:`text_terms` of each of its strings); a text that several notes hold (a session
     shared by several memories) is read once.
@@ -554,11 +601,11 @@ def _note_cells(
     length = np.fromiter((len(c[0]) for c in per_note), np.int64, len(per_note))  # type: ignore[index]
     if not int(length.sum()):
         empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty, ids.names
+        return empty, empty, empty, ids
     tid = np.concatenate([c[0] for c in per_note]).astype(np.int64)  # type: ignore[index]
     count = np.concatenate([c[1] for c in per_note])  # type: ignore[index]
     note = np.repeat(np.arange(len(notes), dtype=np.int64), length)
-    return tid, count, note, ids.names
+    return tid, count, note, ids
 
 
 def build_text_index(notes: Sequence[MemoryNote], *, device: torch.device) -> TextIndex:
@@ -599,13 +646,13 @@ def build_text_indexes(
                 f"stores: expected {len(memories)} (one per memory), found {len(stores)}"
             )
         per_note = [store for store, size in zip(stores, sizes) for _ in range(size)]
-    tid, count, note, names = _note_cells(everything, per_note)
+    tid, count, note, numbering = _note_cells(everything, per_note)
     # each memory's terms numbered in order of first appearance (what a per-note Counter
     # would give): the (memory, term) pairs in order of their first token, memory after
     # memory (the notes are), are the columns of the block-diagonal matrix
     size_arr = np.asarray(sizes, dtype=np.int64)
     memory_of_note = np.repeat(np.arange(len(sizes), dtype=np.int64), size_arr)
-    g = max(len(names), 1)
+    g = max(len(numbering.names), 1)
     pair, first, column = np.unique(
         memory_of_note[note] * g + tid, return_index=True, return_inverse=True
     )
@@ -616,15 +663,12 @@ def build_text_indexes(
     vocab_sizes = np.bincount(pair // g, minlength=len(sizes))
     vocab_base = [0, *np.cumsum(vocab_sizes).tolist()]
     note_base = [0, *np.cumsum(size_arr).tolist()]
-    term_names = list(map(names.__getitem__, (pair[order] % g).tolist()))
-    vocabs = [
-        dict(zip(term_names[vocab_base[k] : vocab_base[k + 1]], itertools.count()))
-        for k in range(len(sizes))
-    ]
+    terms = pair[order] % g  # each column's term (its id in the numbering)
+    vocabs = [terms[vocab_base[k] : vocab_base[k + 1]] for k in range(len(sizes))]
     v_total = vocab_base[-1]
     v = max(v_total, 1)
     cells = note * v + column  # one per (note, term): sorted, they are the coalesced cells
-    order = np.argsort(cells)
+    order = np.argsort(cells, kind="stable")  # (runs: each note's cells follow the last's)
     cells, counts = cells[order], count[order]
     cells_t = torch.from_numpy(cells)
     tf = torch.sparse_coo_tensor(
@@ -640,7 +684,9 @@ def build_text_indexes(
     weights = bm25_note_weights(tf, segment=segment)
     if len(sizes) == 1:
         weights = weights.to(device)
-        return [TextIndex(vocabs[0], weights, _term_major(weights))]
+        return [
+            TextIndex(None, weights, _term_major(weights), terms=vocabs[0], numbering=numbering)
+        ]
     term_major = _term_major(weights)
     # the blocks: entries of memory k lie between its first note's (term's) and the next's
     w_index, w_values = weights.indices(), weights.values()
@@ -648,28 +694,29 @@ def build_text_indexes(
     w_cut = torch.searchsorted(w_index[0], torch.tensor(note_base, dtype=torch.int64)).tolist()
     t_cut = torch.searchsorted(t_index[0], torch.tensor(vocab_base, dtype=torch.int64)).tolist()
     out = []
-    for k, (size, vocab) in enumerate(zip(sizes, vocabs)):
+    for k, (size, own_terms) in enumerate(zip(sizes, vocabs)):
         shift = torch.tensor([[note_base[k]], [vocab_base[k]]], dtype=torch.int64)
         a, b = w_cut[k], w_cut[k + 1]
         own = torch.sparse_coo_tensor(
-            w_index[:, a:b] - shift, w_values[a:b].clone(), (size, len(vocab)),
+            w_index[:, a:b] - shift, w_values[a:b].clone(), (size, len(own_terms)),
             is_coalesced=True, check_invariants=False,
         ).to(device)  # fmt: skip
         a, b = t_cut[k], t_cut[k + 1]
         own_t = torch.sparse_coo_tensor(
-            t_index[:, a:b] - shift.flip(0), t_values[a:b].clone(), (len(vocab), size),
+            t_index[:, a:b] - shift.flip(0), t_values[a:b].clone(), (len(own_terms), size),
             is_coalesced=True, check_invariants=False,
         ).to(device)  # fmt: skip
-        out.append(TextIndex(vocab, own, own_t))
+        out.append(TextIndex(None, own, own_t, terms=own_terms, numbering=numbering))
     return out
 
 
 def _term_major(weights: Tensor) -> Tensor:
     """:func:`~soulmem_torch.functional.fusion.bm25_term_major` of coalesced weights (the same
-    tensor): the entries put in (term, note) order by one sort of their distinct keys."""
+    tensor): the entries put in (term, note) order by one stable sort of their terms (the
+    notes are in order already)."""
     rows, cols = weights.indices()
     n, v = weights.shape
-    order = torch.argsort(cols * max(n, 1) + rows)
+    order = torch.sort(cols, stable=True).indices
     return torch.sparse_coo_tensor(
         torch.stack([cols[order], rows[order]]),
         weights.values()[order],
@@ -734,7 +781,7 @@ def text_scores(graph: MemoryGraph, memory: MemorySource, queries: Sequence[Any]
     the memory has no text index."""
     n = int(graph.num_nodes)
     index = text_index(graph, memory)
-    if index is None or not index.vocab:
+    if index is None or not index.num_terms:
         return torch.zeros(len(queries), n, dtype=torch.float64, device=graph.device)
     terms = index.query_terms([query_strings(q) for q in queries], device=graph.device)
     return bm25_scores(terms, index.weights, term_major=index.term_major)
@@ -825,14 +872,14 @@ def _text_layout(
     terms = notes = 0
     for p in used:
         index = indices[p] if p >= 0 else None
-        if index is None or not index.vocab:
+        if index is None or not index.num_terms:
             continue
         t_of, n_of = index.term_major.indices()
         term_base[p], note_base[p] = terms, notes
         parts_t.append(t_of.to(device) + terms)
         parts_n.append(n_of.to(device) + notes)
         parts_w.append(index.term_major.values().to(device))
-        terms += len(index.vocab)
+        terms += index.num_terms
         notes += int(index.weights.shape[0])
     if not parts_t:
         return term_base, note_base, None, 0

@@ -356,3 +356,28 @@ def test_terms_on_write_take_embedded_notes_and_leave_bad_items_to_the_write() -
     with pytest.raises(ValidationError, match=r"notes\[1\]"):
         mem.add_notes([notes[2], "not a note"])
     assert len(mem) == 2
+
+
+def test_a_query_finds_the_same_columns_by_term_ids_as_by_the_vocab() -> None:
+    """An index built in one pass finds a query's columns by the terms' ids (no dict of
+    terms made); the same columns as its ``vocab`` gives, unknown terms left out."""
+    from soulmem_torch.errors import ValidationError
+    from soulmem_torch.retrieve.text import TextIndex, text_terms
+
+    notes = _mixed_notes()
+    cpu = torch.device("cpu")
+    lazy = build_text_indexes([notes, notes[10:], []], device=cpu)
+    strings = [s for n in notes for s in note_strings(n)] + ["unheard words", "北京 烤鸭 猫"]
+    rng = random.Random(1)
+    for index in lazy:
+        by_dict = TextIndex(dict(index.vocab), index.weights, index.term_major)
+        for _ in range(50):
+            query = rng.sample(strings, 3)
+            assert index.term_ids(query) == by_dict.term_ids(query)
+        assert index.term_names() == list(index.vocab)
+        assert index.num_terms == len(index.vocab) == len(
+            {t for n in (notes if index is lazy[0] else notes[10:] if index is lazy[1] else [])
+             for s in note_strings(n) for t in text_terms(s)}
+        )  # fmt: skip
+    with pytest.raises(ValidationError, match="vocab"):
+        TextIndex(None, lazy[0].weights, lazy[0].term_major)
