@@ -652,18 +652,11 @@ def build_text_indexes(
     # memory (the notes are), are the columns of the block-diagonal matrix
     size_arr = np.asarray(sizes, dtype=np.int64)
     memory_of_note = np.repeat(np.arange(len(sizes), dtype=np.int64), size_arr)
-    g = max(len(numbering.names), 1)
-    pair, first, column = np.unique(
-        memory_of_note[note] * g + tid, return_index=True, return_inverse=True
-    )
-    order = np.argsort(first)
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order), dtype=np.int64)
-    column = rank[column.reshape(-1)]
-    vocab_sizes = np.bincount(pair // g, minlength=len(sizes))
+    column, is_first = _first_appearance(memory_of_note[note] * max(len(numbering.names), 1) + tid)
+    vocab_sizes = np.bincount(memory_of_note[note[is_first]], minlength=len(sizes))
     vocab_base = [0, *np.cumsum(vocab_sizes).tolist()]
     note_base = [0, *np.cumsum(size_arr).tolist()]
-    terms = pair[order] % g  # each column's term (its id in the numbering)
+    terms = tid[is_first]  # each column's term (its id in the numbering), in column order
     vocabs = [terms[vocab_base[k] : vocab_base[k + 1]] for k in range(len(sizes))]
     v_total = vocab_base[-1]
     v = max(v_total, 1)
@@ -708,6 +701,28 @@ def build_text_indexes(
         ).to(device)  # fmt: skip
         out.append(TextIndex(None, own, own_t, terms=own_terms, numbering=numbering))
     return out
+
+
+def _first_appearance(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(column, is_first)`` of a stream of keys: each distinct key numbered in order of its
+    first appearance (``column[i]``, int64) and the positions where a key first appears —
+    ``numpy.unique`` with ``return_index`` / ``return_inverse``, its keys then ranked by first
+    index, done with one stable sort and linear passes."""
+    m = len(key)
+    if not m:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    perm = np.argsort(key, kind="stable")  # (equal keys: earliest position first)
+    ordered = key[perm]
+    starts = np.empty(m, dtype=bool)
+    starts[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    firsts = perm[starts]
+    is_first = np.zeros(m, dtype=bool)
+    is_first[firsts] = True
+    number = np.cumsum(is_first) - 1  # a first position's column: how many came before it
+    column = np.empty(m, dtype=np.int64)
+    column[perm] = number[firsts][np.cumsum(starts) - 1]
+    return column, is_first
 
 
 def _term_major(weights: Tensor) -> Tensor:

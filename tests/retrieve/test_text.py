@@ -381,3 +381,17 @@ def test_a_query_finds_the_same_columns_by_term_ids_as_by_the_vocab() -> None:
         )  # fmt: skip
     with pytest.raises(ValidationError, match="vocab"):
         TextIndex(None, lazy[0].weights, lazy[0].term_major)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_first_appearance_numbers_keys_as_unique_ranked_by_first_index(seed: int) -> None:
+    from soulmem_torch.retrieve.text import _first_appearance
+
+    rng = np.random.default_rng(seed)
+    key = rng.integers(0, [1, 5, 50, 10_000][seed], size=[0, 7, 300, 5000][seed] or 0)
+    column, is_first = _first_appearance(key)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    assert np.array_equal(column, rank[inverse.reshape(-1)])
+    assert np.array_equal(np.flatnonzero(is_first), np.sort(first))
