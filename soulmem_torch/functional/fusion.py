@@ -366,11 +366,7 @@ def bm25_note_weights(
     avgdl = seg_len / notes_per_seg.clamp(min=1.0)
     # document frequency of each (segment, term): entries are unique per (note, term)
     entry_seg = seg[rows]
-    df_key = entry_seg * v + cols
-    uniq, inverse = torch.unique(df_key, return_inverse=True)
-    df = torch.zeros(uniq.shape[0], dtype=torch.float64, device=device)
-    df.index_add_(0, inverse, torch.ones_like(vals))
-    df_entry = df[inverse]
+    df_entry = _document_frequency(entry_seg, cols, v)
     n_entry = notes_per_seg[entry_seg]
     idf = torch.log1p((n_entry - df_entry + 0.5) / (df_entry + 0.5))
     avg = avgdl[entry_seg]
@@ -380,6 +376,23 @@ def bm25_note_weights(
     return torch.sparse_coo_tensor(
         tf.indices(), w, (n, v), is_coalesced=True, check_invariants=False
     )
+
+
+def _document_frequency(entry_seg: Tensor, cols: Tensor, v: int) -> Tensor:
+    """The number of entries of each entry's (segment, column), float64 (exact counts). When
+    every column's entries lie in one segment (a block-diagonal matrix of many memories: each
+    memory its own columns), one count per column; else one ``unique`` of the keys."""
+    device = entry_seg.device
+    if not cols.numel():
+        return torch.zeros(0, dtype=torch.float64, device=device)
+    owner = torch.full((v,), -1, dtype=torch.int64, device=device)
+    owner[cols] = entry_seg  # (any one entry's segment per column: checked next)
+    if bool((owner[cols] == entry_seg).all()):
+        return torch.bincount(cols, minlength=v).to(torch.float64)[cols]
+    uniq, inverse = torch.unique(entry_seg * v + cols, return_inverse=True)
+    df = torch.zeros(uniq.shape[0], dtype=torch.float64, device=device)
+    df.index_add_(0, inverse, torch.ones(cols.shape[0], dtype=torch.float64, device=device))
+    return df[inverse]
 
 
 def bm25_term_major(note_weights: Tensor) -> Tensor:

@@ -258,31 +258,6 @@ def rows_matmul(a: Tensor, table: Tensor | SparseRows, sel: Tensor | None = None
     return a @ rows.T
 
 
-def _normalized_sparse(block: SparseRows, keep: Tensor | None) -> SparseRows:
-    """``SparseRows.from_dense(normalize_rows(block.to_dense()) * keep)`` without the dense
-    quotient or its ``nonzero`` pass: the norms are ``normalize_rows``'s (the same reduction
-    over the same dense rows), each cell divided by its row's norm (the same quotient, bit for
-    bit), and the cells that come out zero (rows ``keep`` drops, underflow) left out, as
-    ``from_dense`` leaves them out."""
-    n = len(block)
-    norm = torch.linalg.vector_norm(block.to_dense(), dim=-1)
-    norm = torch.where(norm > 0, norm, torch.ones_like(norm))
-    lo, hi = int(block.crow[0]), int(block.crow[-1])
-    lengths = (block.crow[1:] - block.crow[:-1]).to(torch.int64)
-    rows = torch.repeat_interleave(torch.arange(n, device=block.device), lengths)
-    val = block.val[lo:hi] / norm.index_select(0, rows)
-    if keep is not None:
-        val = val * keep.index_select(0, rows)
-    col = block.col[lo:hi]
-    live = val != 0
-    if not bool(live.all()):
-        val, col, rows = val[live], col[live], rows[live]
-        lengths = torch.bincount(rows, minlength=n)
-    crow = lengths.new_zeros(n + 1)
-    torch.cumsum(lengths, 0, out=crow[1:])
-    return SparseRows(crow, col, val, block.width)
-
-
 def _normalized_table(
     x: Tensor, device: torch.device, *, zero_row: bool, keep: Tensor | None = None
 ) -> Tensor | SparseRows:
@@ -296,28 +271,43 @@ def _normalized_table(
     sparse_in = isinstance(x, SparseRows)  # raw vectors held sparse: a dense block at a time
     nnz = x.nnz if sparse_in else (int(torch.count_nonzero(x)) if big else 0)
     if big and nnz <= SPARSE_MAX_DENSITY * p * d:
+        if sparse_in:  # the cells divided in place: the dense block only for the norms
+            table = _normalized_cells(x, keep)
+            return table.with_zero_row() if zero_row else table
         step = max(1, (1 << 22) // d)
         parts = []
         for lo in range(0, p, step):
-            sub = None if keep is None else keep[lo : lo + step]
-            if sparse_in:
-                parts.append(_normalized_sparse(x.narrow(lo, min(lo + step, p)), sub))
-                continue
             block = normalize_rows(x[lo : lo + step])
-            if sub is not None:
-                block *= sub.unsqueeze(-1)
+            if keep is not None:
+                block *= keep[lo : lo + step].unsqueeze(-1)
             parts.append(SparseRows.from_dense(block))
         table = SparseRows.cat(parts)
         return table.with_zero_row() if zero_row else table
-    if sparse_in:
-        x = x.to_dense()  # small or dense: the dense table's own kernels
     out = torch.zeros(p + int(zero_row), d, dtype=torch.float32, device=device)
     if p:  # normalize_rows written straight into the table (no second copy)
+        if sparse_in:  # small or dense: the dense table's own kernels (its cells laid out here)
+            x.write_dense(out[:p])
+            x = out[:p]
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
         torch.div(x, torch.where(norm > 0, norm, torch.ones_like(norm)), out=out[:p])
         if keep is not None:
             out[:p] *= keep.unsqueeze(-1)
     return out
+
+
+def _normalized_cells(x: SparseRows, keep: Tensor | None) -> SparseRows:
+    """``SparseRows.from_dense(normalize_rows(x.to_dense()) * keep)`` without the dense copy
+    of the result: each row's norm taken, as :func:`normalize_rows` takes it, over its dense
+    row (a block of rows at a time), then the cells divided by it (the same quotients), rows
+    not kept and quotients that are zero left out (what ``from_dense`` drops)."""
+    p, d = int(x.shape[0]), int(x.shape[1])
+    step = max(1, (1 << 22) // max(d, 1))
+    norms = []
+    for lo in range(0, p, step):
+        raw = x.narrow(lo, min(lo + step, p)).to_dense()
+        norms.append(torch.linalg.vector_norm(raw, dim=-1))
+    norm = torch.cat(norms) if norms else x.val.new_zeros(0)
+    return x.divide_rows(torch.where(norm > 0, norm, torch.ones_like(norm)), keep=keep)
 
 
 def topk(scores: Tensor, k: int, *, dim: int = -1) -> tuple[Tensor, Tensor]:

@@ -162,15 +162,46 @@ class SparseRows:
     def to_dense(self) -> Tensor:
         """The dense ``(P, D)`` table (a fresh tensor)."""
         p, d = self.shape
-        out = self.val.new_zeros(p, d)
+        return self.write_dense(self.val.new_zeros(p, d))
+
+    def write_dense(self, out: Tensor) -> Tensor:
+        """The cells written into ``out``, a zeroed ``(P, D)`` tensor (values cast to its
+        dtype); returns ``out``."""
+        p, d = self.shape
+        if tuple(out.shape) != (p, d):
+            raise ValidationError(f"out: expected shape ({p}, {d}), found {tuple(out.shape)}")
         if self.nnz:
             lo = int(self.crow[0])
             lengths = (self.crow[1:] - self.crow[:-1]).to(torch.int64)
             rows = torch.repeat_interleave(torch.arange(p, device=self.device), lengths)
             out[rows, self.col[lo : int(self.crow[-1])].to(torch.int64)] = self.val[
                 lo : int(self.crow[-1])
-            ]
+            ].to(out.dtype)
         return out
+
+    def divide_rows(self, divisor: Tensor, *, keep: Tensor | None = None) -> SparseRows:
+        """Each row's cells divided by ``divisor[row]`` ((P,), float; times ``keep[row]``,
+        (P,) bool, when given), the cells that come out zero left out: what ``from_dense`` of
+        ``to_dense() / divisor[:, None] * keep[:, None]`` holds (the same quotients), without
+        a dense copy."""
+        p = len(self)
+        if tuple(divisor.shape) != (p,) or (keep is not None and tuple(keep.shape) != (p,)):
+            raise ValidationError(
+                f"divisor / keep: expected shape ({p},), found {tuple(divisor.shape)} / "
+                f"{None if keep is None else tuple(keep.shape)}"
+            )
+        lo, hi = int(self.crow[0]), int(self.crow[-1])
+        lengths = (self.crow[1:] - self.crow[:-1]).to(torch.int64)
+        row = torch.repeat_interleave(torch.arange(p, device=self.device), lengths)
+        val = self.val[lo:hi] / divisor.to(self.val.dtype)[row]
+        if keep is not None:
+            val *= keep[row]
+        nonzero = val != 0  # (a zero quotient, a row not kept: what from_dense drops)
+        counts = torch.zeros(p, dtype=torch.int64, device=self.device)
+        counts.index_add_(0, row, nonzero.to(torch.int64))
+        crow = counts.new_zeros(p + 1)
+        torch.cumsum(counts, 0, out=crow[1:])
+        return SparseRows(crow, self.col[lo:hi][nonzero], val[nonzero], self.width)
 
     def narrow(self, lo: int, hi: int) -> SparseRows:
         """Rows ``lo:hi`` (views of the cells)."""

@@ -70,7 +70,7 @@ class _IndexTerms:
     terms, already counted), made on first use per note — only the notes a filter checks and
     their neighbours, not every note of the memory — and kept (a ``dict``'s ``get``)."""
 
-    __slots__ = ("_built", "_cols", "_graph", "_starts", "_vocab", "_words")
+    __slots__ = ("_built", "_cols", "_graph", "_index", "_starts", "_words")
 
     def __init__(self, graph: Any, index: Any) -> None:
         import torch
@@ -82,7 +82,7 @@ class _IndexTerms:
         self._graph, self._starts, self._cols = graph, starts, cols
         self._words: list[str] | None = None  # column order: terms numbered as first met
         self._built: dict[Any, Collection[str]] = {}
-        self._vocab = index.vocab
+        self._index = index
 
     def get(self, note_id: Any) -> Collection[str] | None:
         terms = self._built.get(note_id)
@@ -91,7 +91,7 @@ class _IndexTerms:
             if row is None:
                 return None
             if self._words is None:
-                self._words = list(self._vocab)
+                self._words = self._index.term_names()
             lo, hi = int(self._starts[row]), int(self._starts[row + 1])
             # a tuple (its terms are distinct): a quarter of a frozenset's memory, and only
             # ever iterated (into a note's reach set)

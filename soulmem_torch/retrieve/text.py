@@ -20,9 +20,9 @@ from __future__ import annotations
 import functools
 import itertools
 import re
+import threading
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from itertools import repeat
 from operator import concat
 from typing import TYPE_CHECKING, Any
@@ -218,20 +218,68 @@ def query_strings(query: Any) -> list[str]:
     return _strings(variant.model_dump(mode="json"), [])
 
 
-@dataclass(frozen=True)
 class TextIndex:
     """BM25 weights of one memory's notes: ``vocab`` term → column, ``weights`` sparse (N, V)
-    and the same transposed, ``term_major`` (V, N)."""
+    and the same transposed, ``term_major`` (V, N).
 
-    vocab: dict[str, int]
-    weights: Tensor
-    term_major: Tensor
+    Built by :func:`build_text_indexes`, an index holds its columns' terms as ids of the
+    process's term numbering (``terms``: (V,) int64, ``numbering`` the :class:`_TermIds` they
+    are in) and makes ``vocab`` only when it is read: a query's terms are found by their ids
+    (one ``searchsorted``), so a first question to many memories builds no dict of terms."""
+
+    __slots__ = ("_lookup", "_numbering", "_terms", "_vocab", "term_major", "weights")
+
+    def __init__(
+        self,
+        vocab: dict[str, int] | None,
+        weights: Tensor,
+        term_major: Tensor,
+        *,
+        terms: np.ndarray | None = None,
+        numbering: _TermIds | None = None,
+    ) -> None:
+        if vocab is None and (terms is None or numbering is None):
+            raise ValidationError("vocab: expected a dict, or terms and their numbering")
+        self._vocab, self.weights, self.term_major = vocab, weights, term_major
+        self._terms, self._numbering = terms, numbering
+        self._lookup: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        """term → column (columns numbered as the terms first appear in the memory)."""
+        if self._vocab is None:
+            self._vocab = dict(zip(self.term_names(), itertools.count()))
+        return self._vocab
+
+    @property
+    def num_terms(self) -> int:
+        """V, the number of columns."""
+        return int(self.weights.shape[1])
+
+    def term_names(self) -> list[str]:
+        """The term of each column, in column order."""
+        if self._vocab is not None:
+            return list(self._vocab)
+        return list(map(self._numbering.names.__getitem__, self._terms.tolist()))  # type: ignore[union-attr]
 
     def term_ids(self, strings: Iterable[str]) -> set[int]:
         """The columns of the known terms of ``strings`` (each once)."""
-        vocab = self.vocab
         # (a query repeats its text across fields: each distinct string's terms once)
-        return {vocab[t] for s in dict.fromkeys(strings) for t in _terms(s) if t in vocab}
+        if self._vocab is not None or self._terms is None:
+            vocab = self.vocab
+            return {vocab[t] for s in dict.fromkeys(strings) for t in _terms(s) if t in vocab}
+        get = self._numbering.of_term.get  # type: ignore[union-attr]  # (numbers nothing)
+        found = {get(t) for s in dict.fromkeys(strings) for t in _terms(s)}
+        found.discard(None)
+        if not found or not len(self._terms):
+            return set()
+        if self._lookup is None:
+            order = np.argsort(self._terms, kind="stable")
+            self._lookup = (self._terms[order], order)
+        ordered, column = self._lookup
+        want = np.fromiter(found, np.int64, len(found))  # type: ignore[arg-type]
+        at = np.minimum(np.searchsorted(ordered, want), len(ordered) - 1)
+        return set(column[at[ordered[at] == want]].tolist())
 
     def query_terms(self, queries: Sequence[Iterable[str]], *, device: torch.device) -> Tensor:
         """Sparse COO (B, V) float64: 1 for each distinct known term of each query's strings."""
@@ -244,7 +292,7 @@ class TextIndex:
         out = torch.sparse_coo_tensor(
             torch.tensor([rows, cols], dtype=torch.int64).reshape(2, -1),
             torch.ones(len(rows), dtype=torch.float64),
-            (len(queries), len(self.vocab)),
+            (len(queries), self.num_terms),
             check_invariants=False,
         )
         return out.coalesce().to(device)
@@ -264,7 +312,6 @@ _ASCII_WORDS = bytes(
     c + 32 if 65 <= c <= 90 else c if (97 <= c <= 122 or 48 <= c <= 57 or c == 1) else 32
     for c in range(256)
 )
-_ASCII_ONE = _ASCII_WORDS[:1] + b" " + _ASCII_WORDS[2:]  # one text: the separator a space
 _SEP_ID, _STOP_ID = -2, -1
 _TEXTS_PER_PASS = 1024
 """Note texts read per pass (a pass holds its words as Python strings)."""
@@ -286,7 +333,8 @@ class _Numbering(dict):  # type: ignore[type-arg]
 
 class _TermIds(dict):  # type: ignore[type-arg]
     """casefolded word → the id of its term in ``names`` (``-1``: a stopword; the note
-    separator ``-2``), for one build; ``ids[word]`` fills a missing word."""
+    separator ``-2``): the process's numbering (:data:`_NUMBERING`); ``ids[word]`` fills a
+    missing word."""
 
     def __init__(self) -> None:
         super().__init__({_NOTE_SEP: _SEP_ID})
@@ -304,6 +352,36 @@ class _TermIds(dict):  # type: ignore[type-arg]
         return tid
 
 
+_TERMS_MAX = 1 << 21
+"""Words and terms the process numbering holds before it starts over (a new generation: the
+texts held in the old numbering are read again when next indexed)."""
+
+
+class _ProcessNumbering:
+    """The process's term numbering: ``ids`` (a :class:`_TermIds`: casefolded word → term id,
+    ``ids.names`` the terms) and its ``generation``; ``lock`` guards every read that may number
+    a new word (reads from several threads number each word once)."""
+
+    __slots__ = ("generation", "ids", "lock")
+
+    def __init__(self) -> None:
+        self.ids = _TermIds()
+        self.generation = 0
+        self.lock = threading.Lock()
+
+    def current(self) -> tuple[_TermIds, int]:
+        """The numbering to read with (a new generation once the words or terms outgrow
+        ``_TERMS_MAX``). Call with ``lock`` held."""
+        if len(self.ids) + len(self.ids.names) > _TERMS_MAX:
+            self.ids, self.generation = _TermIds(), self.generation + 1
+        return self.ids, self.generation
+
+
+_NUMBERING = _ProcessNumbering()
+
+_NO_IDS = np.zeros(0, dtype=np.int32)
+
+
 class NoteTerms:
     """The terms of note texts, by the text (one memory's, kept on its cluster across
     snapshots: ``MemoryCluster.kept``). Content-addressed: a note whose strings did not change
@@ -312,15 +390,31 @@ class NoteTerms:
     is written with the notes, as a search engine's is) and by every index build, which keeps
     only the texts of the notes it indexed — so it holds the memory's texts, plus those added
     since the last build (bounded: :func:`remember_note_terms` drops the texts of notes gone
-    when they outnumber the memory's)."""
+    when they outnumber the memory's).
 
-    __slots__ = ("terms",)
+    Each text is held as what its index rows need, counted: ``terms[text] = (ids, counts)``,
+    two int32 arrays — its distinct terms (their ids in the process's term numbering, in order
+    of first appearance) and how often each occurs. An index build concatenates them (no term
+    string is looked up again). ``generation``: the numbering they are in (a store of an older
+    one is read as empty)."""
+
+    __slots__ = ("generation", "terms")
 
     def __init__(self) -> None:
-        self.terms: dict[str, tuple[str, ...]] = {}
+        self.terms: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.generation = _NUMBERING.generation
 
     def __len__(self) -> int:
         return len(self.terms)
+
+    def counts(self, text: str) -> dict[str, int] | None:
+        """The terms of a held text and their counts, in order of first appearance (``None``:
+        not held)."""
+        held = self.terms.get(text) if self.generation == _NUMBERING.generation else None
+        if held is None:
+            return None
+        names = _NUMBERING.ids.names
+        return dict(zip(map(names.__getitem__, held[0].tolist()), held[1].tolist()))
 
 
 def note_text(note: MemoryNote) -> str:
@@ -338,8 +432,9 @@ def note_terms_of(memory: Any) -> NoteTerms | None:
 
 def remember_note_terms(memory: Any, notes: Iterable[MemoryNote]) -> None:
     """Reads the terms of ``notes`` into their memory's :class:`NoteTerms` now (the texts it
-    does not hold yet, in one pass), so the memory's next text index reads none of them.
-    Nothing happens for a memory without a cluster."""
+    does not hold yet, in one pass: :func:`_read_texts`, each text's terms counted), so the
+    memory's next text index reads none of them. Nothing happens for a memory without a
+    cluster."""
     store = note_terms_of(memory)
     if store is None:
         return
@@ -347,11 +442,17 @@ def remember_note_terms(memory: Any, notes: Iterable[MemoryNote]) -> None:
 
     items = [getattr(n, "note", n) for n in notes]  # an EmbeddedMemoryNote's note
     items = [n for n in items if isinstance(n, MemoryNote)]  # (the write validates the rest)
-    texts = [t for t in dict.fromkeys(map(note_text, items)) if t not in store.terms]
+    if store.generation != _NUMBERING.generation:
+        store.terms, store.generation = {}, _NUMBERING.generation
+    held = store.terms
+    texts = [t for t in dict.fromkeys(map(note_text, items)) if t not in held]
     if not texts:
         return
-    read = list(map(_text_terms_tuple, texts))
-    terms = store.terms
+    with _NUMBERING.lock:
+        ids, generation = _NUMBERING.current()
+        tid, text_of = _read_texts(ids, texts, np.arange(len(texts), dtype=np.int64))
+    read = _counted(tid, text_of, len(texts))
+    terms = store.terms if store.generation == generation else {}
     cluster = getattr(memory, "cluster", memory)
     size = len(cluster) if hasattr(cluster, "__len__") else 0
     if len(terms) + len(texts) > 2 * size + 1024:  # texts of notes gone: keep the memory's
@@ -360,31 +461,24 @@ def remember_note_terms(memory: Any, notes: Iterable[MemoryNote]) -> None:
             current = set(map(note_text, notes_now()))
             terms = {t: v for t, v in terms.items() if t in current}
     terms.update(zip(texts, read))
-    store.terms = terms
+    store.terms, store.generation = terms, generation
 
 
-def _text_terms_tuple(text: str) -> tuple[str, ...]:
-    """``tuple(text_terms(text))`` of one note text, without the per-text cache: an ASCII
-    text by one byte table and ``split``, its words' terms by one ``map`` (as the bulk reader
-    reads it)."""
-    if text.isascii():
-        words = text.encode("ascii").translate(_ASCII_ONE).decode("ascii").split()
-        return tuple(filter(None, map(_WORD_TERMS.__getitem__, words)))
-    return tuple(_split(text))
-
-
-def _as_tuples(ids: _TermIds, tid: np.ndarray, text: np.ndarray, n: int) -> list[tuple[str, ...]]:
-    """Each of ``n`` texts' terms (``tid`` in text order, ``text`` the text of each) as a
-    tuple of term strings (``()`` for a text without terms)."""
-    out: list[tuple[str, ...]] = [()] * n
+def _counted(tid: np.ndarray, text: np.ndarray, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each of ``n`` texts' distinct terms in order of first appearance and their counts
+    (``(ids, counts)``, int32; empty for a text without terms), from its term stream (``tid``
+    in text order, each text's in reading order; ``text`` the text of each): one
+    ``numpy.unique`` of ``(text, term)`` keys, put back in order of first appearance."""
     if not len(tid):
-        return out
-    names = np.asarray(ids.names, dtype=object)[tid]
-    cuts = np.flatnonzero(np.diff(text)) + 1
-    starts = np.concatenate([np.zeros(1, dtype=np.int64), cuts])
-    for t, segment in zip(text[starts].tolist(), np.split(names, cuts)):
-        out[t] = tuple(segment.tolist())
-    return out
+        return [(_NO_IDS, _NO_IDS)] * n
+    g = int(tid.max()) + 1
+    key, first, count = np.unique(text * g + tid, return_index=True, return_counts=True)
+    order = np.argsort(first)  # (text, first appearance): the texts stay in order
+    key = key[order]
+    ids = (key % g).astype(np.int32)
+    count = count[order].astype(np.int32)
+    cut = np.searchsorted(key // g, np.arange(n + 1, dtype=np.int64)).tolist()
+    return [(ids[lo:hi], count[lo:hi]) for lo, hi in itertools.pairwise(cut)]
 
 
 def _joined(texts: Sequence[str]) -> str:
@@ -465,64 +559,53 @@ def _merged(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
     return tid[order], text[order]
 
 
-def _note_terms(
+def _note_cells(
     notes: Sequence[MemoryNote], stores: Sequence[NoteTerms | None] | None = None
-) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """``(term ids, note of each, term names)``: every note's terms in note order, each
-    note's in reading order (the terms of :func:`text_terms` of each of its strings); a text
-    that several notes hold (a session shared by several memories) is read once.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, _TermIds]:
+    """``(term ids, counts, note of each, their numbering)``: every note's distinct terms with
+    their counts, in note order, each note's in order of first appearance (the terms of
+    :func:`text_terms` of each of its strings); a text that several notes hold (a session
+    shared by several memories) is read once.
 
     ``stores``: each note's memory's :class:`NoteTerms` (``None``: none). A text one of them
-    holds is not read again; the others are read and put there, and each store then keeps
-    the texts of its notes here only (what this build indexed)."""
-    ids = _TermIds()
+    holds is not read again (its arrays are concatenated); the others are read and put
+    there, and each store then keeps the texts of its notes here only (what this build
+    indexed)."""
     position: dict[str, int] = {}
     text_of_note = [position.setdefault(note_text(n), len(position)) for n in notes]
     texts = list(position)
-    known: list[tuple[str, ...] | None] = [None] * len(texts)
-    if stores is not None:
-        for t, store in zip(text_of_note, stores):
-            if store is not None and known[t] is None:
-                known[t] = store.terms.get(texts[t])
-    fresh = np.fromiter((k is None for k in known), bool, len(texts))
-    fresh_rows = np.flatnonzero(fresh)
-    tid_new, text_new = _read_texts(ids, texts, fresh_rows)
-    cached_rows = np.flatnonzero(~fresh).tolist()
-    held = [known[i] for i in cached_rows]
-    flat = list(itertools.chain.from_iterable(held))  # type: ignore[arg-type]
-    tid_old = np.fromiter(map(ids.of_term.__getitem__, flat), np.int64, len(flat))
-    text_old = np.repeat(
-        np.asarray(cached_rows, dtype=np.int64),
-        np.fromiter(map(len, held), np.int64, len(held)),  # type: ignore[arg-type]
-    )
+    known: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(texts)
+    with _NUMBERING.lock:
+        ids, generation = _NUMBERING.current()
+        if stores is not None:
+            for t, store in zip(text_of_note, stores):
+                if store is not None and known[t] is None and store.generation == generation:
+                    known[t] = store.terms.get(texts[t])
+        fresh_rows = np.flatnonzero(np.fromiter((k is None for k in known), bool, len(texts)))
+        tid_new, text_new = _read_texts(ids, texts, fresh_rows)
+    if len(fresh_rows):
+        local = np.full(len(texts), -1, dtype=np.int64)
+        local[fresh_rows] = np.arange(len(fresh_rows), dtype=np.int64)
+        read = _counted(tid_new, local[text_new], len(fresh_rows))
+        for i, cells in zip(fresh_rows.tolist(), read):
+            known[i] = cells
     if stores is not None and any(s is not None for s in stores):
-        if len(fresh_rows):
-            local = np.full(len(texts), -1, dtype=np.int64)
-            local[fresh_rows] = np.arange(len(fresh_rows), dtype=np.int64)
-            read = _as_tuples(ids, tid_new, local[text_new], len(fresh_rows))
-            for i, terms in zip(fresh_rows.tolist(), read):
-                known[i] = terms
-        kept: dict[int, dict[str, tuple[str, ...]]] = {}
+        kept: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         for t, store in zip(text_of_note, stores):
             if store is not None:
                 kept.setdefault(id(store), {})[texts[t]] = known[t]  # type: ignore[assignment]
         for store in stores:
             if store is not None and id(store) in kept:
-                store.terms = kept.pop(id(store))
-    tid, text = _merged([(tid_new, text_new), (tid_old, text_old)])
-    if not len(tid):
-        return tid, text, ids.names
-    if len(texts) == len(notes):  # every note its own text, in order
-        return tid, text, ids.names
-    # each note's text's terms: the text's run of the stream
-    count = np.bincount(text, minlength=len(texts))
-    start = np.cumsum(count) - count
-    which = np.asarray(text_of_note, dtype=np.int64)
-    length = count[which]
-    total = int(length.sum())
-    offset = np.repeat(start[which] - (np.cumsum(length) - length), length)
+                store.terms, store.generation = kept.pop(id(store)), generation
+    per_note = [known[t] for t in text_of_note]
+    length = np.fromiter((len(c[0]) for c in per_note), np.int64, len(per_note))  # type: ignore[index]
+    if not int(length.sum()):
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, ids
+    tid = np.concatenate([c[0] for c in per_note]).astype(np.int64)  # type: ignore[index]
+    count = np.concatenate([c[1] for c in per_note])  # type: ignore[index]
     note = np.repeat(np.arange(len(notes), dtype=np.int64), length)
-    return tid[offset + np.arange(total, dtype=np.int64)], note, ids.names
+    return tid, count, note, ids
 
 
 def build_text_index(notes: Sequence[MemoryNote], *, device: torch.device) -> TextIndex:
@@ -541,11 +624,12 @@ def build_text_indexes(
 
     The terms of every note are :func:`text_terms` of each of its strings (the same terms,
     read a thousand texts a pass: ASCII texts by one byte table and ``split``, the others by
-    one normalization and the run pattern; a text several notes share is read once); each
-    memory numbers its own terms in order of first appearance (one ``numpy.unique`` of
-    ``(memory, term)`` keys); the term-count matrix of all memories (block-diagonal: terms
-    and notes offset per memory) is counted by one ``numpy.unique`` of ``(note, term)`` keys
-    and weighted by one segment-wise
+    one normalization and the run pattern; a text several notes share is read once), counted
+    per text (:func:`_counted`) or taken as counted from the memory's :class:`NoteTerms`;
+    each memory numbers its own terms in order of first appearance (one ``numpy.unique`` of
+    ``(memory, term)`` keys over the notes' distinct terms); the term-count matrix of all
+    memories (block-diagonal: terms and notes offset per memory) is those counts put in
+    ``(note, term)`` order by one sort and weighted by one segment-wise
     :func:`~soulmem_torch.functional.fusion.bm25_note_weights` (each memory's own IDF and
     average length); the blocks are then cut apart. Each index is the same, bit for bit, as
     the memory's alone.
@@ -562,31 +646,23 @@ def build_text_indexes(
                 f"stores: expected {len(memories)} (one per memory), found {len(stores)}"
             )
         per_note = [store for store, size in zip(stores, sizes) for _ in range(size)]
-    tid, note, names = _note_terms(everything, per_note)
+    tid, count, note, numbering = _note_cells(everything, per_note)
     # each memory's terms numbered in order of first appearance (what a per-note Counter
     # would give): the (memory, term) pairs in order of their first token, memory after
     # memory (the notes are), are the columns of the block-diagonal matrix
     size_arr = np.asarray(sizes, dtype=np.int64)
     memory_of_note = np.repeat(np.arange(len(sizes), dtype=np.int64), size_arr)
-    g = max(len(names), 1)
-    pair, first, column = np.unique(
-        memory_of_note[note] * g + tid, return_index=True, return_inverse=True
-    )
-    order = np.argsort(first)
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order), dtype=np.int64)
-    column = rank[column.reshape(-1)]
-    vocab_sizes = np.bincount(pair // g, minlength=len(sizes))
+    column, is_first = _first_appearance(memory_of_note[note] * max(len(numbering.names), 1) + tid)
+    vocab_sizes = np.bincount(memory_of_note[note[is_first]], minlength=len(sizes))
     vocab_base = [0, *np.cumsum(vocab_sizes).tolist()]
     note_base = [0, *np.cumsum(size_arr).tolist()]
-    term_names = list(map(names.__getitem__, (pair[order] % g).tolist()))
-    vocabs = [
-        dict(zip(term_names[vocab_base[k] : vocab_base[k + 1]], itertools.count()))
-        for k in range(len(sizes))
-    ]
+    terms = tid[is_first]  # each column's term (its id in the numbering), in column order
+    vocabs = [terms[vocab_base[k] : vocab_base[k + 1]] for k in range(len(sizes))]
     v_total = vocab_base[-1]
     v = max(v_total, 1)
-    cells, counts = np.unique(note * v + column, return_counts=True)
+    cells = note * v + column  # one per (note, term): sorted, they are the coalesced cells
+    order = np.argsort(cells, kind="stable")  # (runs: each note's cells follow the last's)
+    cells, counts = cells[order], count[order]
     cells_t = torch.from_numpy(cells)
     tf = torch.sparse_coo_tensor(
         torch.stack([cells_t // v, cells_t % v]),
@@ -601,7 +677,9 @@ def build_text_indexes(
     weights = bm25_note_weights(tf, segment=segment)
     if len(sizes) == 1:
         weights = weights.to(device)
-        return [TextIndex(vocabs[0], weights, _term_major(weights))]
+        return [
+            TextIndex(None, weights, _term_major(weights), terms=vocabs[0], numbering=numbering)
+        ]
     term_major = _term_major(weights)
     # the blocks: entries of memory k lie between its first note's (term's) and the next's
     w_index, w_values = weights.indices(), weights.values()
@@ -609,28 +687,51 @@ def build_text_indexes(
     w_cut = torch.searchsorted(w_index[0], torch.tensor(note_base, dtype=torch.int64)).tolist()
     t_cut = torch.searchsorted(t_index[0], torch.tensor(vocab_base, dtype=torch.int64)).tolist()
     out = []
-    for k, (size, vocab) in enumerate(zip(sizes, vocabs)):
+    for k, (size, own_terms) in enumerate(zip(sizes, vocabs)):
         shift = torch.tensor([[note_base[k]], [vocab_base[k]]], dtype=torch.int64)
         a, b = w_cut[k], w_cut[k + 1]
         own = torch.sparse_coo_tensor(
-            w_index[:, a:b] - shift, w_values[a:b].clone(), (size, len(vocab)),
+            w_index[:, a:b] - shift, w_values[a:b].clone(), (size, len(own_terms)),
             is_coalesced=True, check_invariants=False,
         ).to(device)  # fmt: skip
         a, b = t_cut[k], t_cut[k + 1]
         own_t = torch.sparse_coo_tensor(
-            t_index[:, a:b] - shift.flip(0), t_values[a:b].clone(), (len(vocab), size),
+            t_index[:, a:b] - shift.flip(0), t_values[a:b].clone(), (len(own_terms), size),
             is_coalesced=True, check_invariants=False,
         ).to(device)  # fmt: skip
-        out.append(TextIndex(vocab, own, own_t))
+        out.append(TextIndex(None, own, own_t, terms=own_terms, numbering=numbering))
     return out
+
+
+def _first_appearance(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(column, is_first)`` of a stream of keys: each distinct key numbered in order of its
+    first appearance (``column[i]``, int64) and the positions where a key first appears —
+    ``numpy.unique`` with ``return_index`` / ``return_inverse``, its keys then ranked by first
+    index, done with one stable sort and linear passes."""
+    m = len(key)
+    if not m:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    perm = np.argsort(key, kind="stable")  # (equal keys: earliest position first)
+    ordered = key[perm]
+    starts = np.empty(m, dtype=bool)
+    starts[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    firsts = perm[starts]
+    is_first = np.zeros(m, dtype=bool)
+    is_first[firsts] = True
+    number = np.cumsum(is_first) - 1  # a first position's column: how many came before it
+    column = np.empty(m, dtype=np.int64)
+    column[perm] = number[firsts][np.cumsum(starts) - 1]
+    return column, is_first
 
 
 def _term_major(weights: Tensor) -> Tensor:
     """:func:`~soulmem_torch.functional.fusion.bm25_term_major` of coalesced weights (the same
-    tensor): the entries put in (term, note) order by one sort of their distinct keys."""
+    tensor): the entries put in (term, note) order by one stable sort of their terms (the
+    notes are in order already)."""
     rows, cols = weights.indices()
     n, v = weights.shape
-    order = torch.argsort(cols * max(n, 1) + rows)
+    order = torch.sort(cols, stable=True).indices
     return torch.sparse_coo_tensor(
         torch.stack([cols[order], rows[order]]),
         weights.values()[order],
@@ -695,7 +796,7 @@ def text_scores(graph: MemoryGraph, memory: MemorySource, queries: Sequence[Any]
     the memory has no text index."""
     n = int(graph.num_nodes)
     index = text_index(graph, memory)
-    if index is None or not index.vocab:
+    if index is None or not index.num_terms:
         return torch.zeros(len(queries), n, dtype=torch.float64, device=graph.device)
     terms = index.query_terms([query_strings(q) for q in queries], device=graph.device)
     return bm25_scores(terms, index.weights, term_major=index.term_major)
@@ -786,14 +887,14 @@ def _text_layout(
     terms = notes = 0
     for p in used:
         index = indices[p] if p >= 0 else None
-        if index is None or not index.vocab:
+        if index is None or not index.num_terms:
             continue
         t_of, n_of = index.term_major.indices()
         term_base[p], note_base[p] = terms, notes
         parts_t.append(t_of.to(device) + terms)
         parts_n.append(n_of.to(device) + notes)
         parts_w.append(index.term_major.values().to(device))
-        terms += len(index.vocab)
+        terms += index.num_terms
         notes += int(index.weights.shape[0])
     if not parts_t:
         return term_base, note_base, None, 0

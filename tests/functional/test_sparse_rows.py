@@ -173,3 +173,49 @@ def test_note_side_sparse_when_the_vectors_are(dense_vectors: bool, monkeypatch)
     assert torch.equal(dense_rows[:12], normalize_rows(rows)) and not dense_rows[12].any()
     assert torch.equal(dense_tag, normalize_rows(tag) * mask.unsqueeze(-1))
     assert side.field.shape == (n, 15, d) and torch.equal(side.field[:12, 0], dense_rows[:12])
+
+
+@pytest.mark.parametrize("dense_out", [False, True])
+@pytest.mark.parametrize("with_keep", [False, True])
+def test_normalized_table_of_sparse_vectors_is_the_dense_references_bit_for_bit(
+    dense_out: bool, with_keep: bool, monkeypatch
+) -> None:
+    """Raw vectors held sparse, normalized into a sparse table (the cells divided by each
+    row's norm) or a dense one (the cells laid straight into it): the same tensors as
+    ``normalize_rows`` of the dense vectors, times the mask, converted (``from_dense``) —
+    explicit zero cells, all-zero rows and rows not kept dropped, several blocks of rows."""
+    import soulmem_torch.functional.similarity as fsim
+
+    monkeypatch.setattr(fsim, "SPARSE_MIN_CELLS", 0)
+    if dense_out:
+        monkeypatch.setattr(fsim, "SPARSE_MAX_DENSITY", 0.0)
+    p, d = 9000, 512  # (more rows than one block of 2^22 cells)
+    dense = _sparse_table(p, d, 12, seed=11)
+    dense[5, :3] = torch.tensor([1e-30, -1e-30, 3e38])  # tiny and huge values in one row
+    sparse = SparseRows.from_dense(dense)
+    sparse.val[::97] = 0.0  # explicit zero cells
+    dense = sparse.to_dense()
+    keep = torch.rand(p, generator=torch.Generator().manual_seed(2)) > 0.2 if with_keep else None
+    got = fsim._normalized_table(sparse, torch.device("cpu"), zero_row=True, keep=keep)
+    want = normalize_rows(dense)
+    if keep is not None:
+        want *= keep.unsqueeze(-1)
+    want = torch.cat([want, want.new_zeros(1, d)])
+    if dense_out:
+        assert not isinstance(got, SparseRows) and torch.equal(got, want)
+        return
+    assert isinstance(got, SparseRows)
+    ref = SparseRows.from_dense(want)
+    assert torch.equal(got.crow, ref.crow)
+    assert torch.equal(got.col.to(torch.int64), ref.col.to(torch.int64))
+    assert torch.equal(got.val, ref.val)  # bit for bit
+
+
+def test_divide_rows_checks_its_shapes() -> None:
+    table = SparseRows.from_dense(_sparse_table(6, 16, 3))
+    with pytest.raises(ValidationError, match="divisor"):
+        table.divide_rows(torch.ones(5))
+    with pytest.raises(ValidationError, match="keep"):
+        table.divide_rows(torch.ones(6), keep=torch.ones(4, dtype=torch.bool))
+    with pytest.raises(ValidationError, match="out"):
+        table.write_dense(torch.zeros(5, 16))

@@ -224,6 +224,40 @@ def test_bm25_matches_the_formula(device: torch.device) -> None:
     torch.testing.assert_close(bm25_scores(q.to_sparse(), w).cpu(), got)  # the sparse fast path
 
 
+@pytest.mark.parametrize("shared_columns", [False, True])
+def test_bm25_document_frequency_per_segment(device: torch.device, shared_columns: bool) -> None:
+    """The weights of a segmented matrix equal a per-(segment, term) count's, whether each
+    segment has its own columns (a block-diagonal union: one count per column) or segments
+    share columns (one ``unique`` of the keys)."""
+    from soulmem_torch.functional.fusion import BM25_B, BM25_K1
+
+    gen = torch.Generator().manual_seed(3)
+    n, v = 40, 30
+    segment = torch.sort(torch.randint(0, 4, (n,), generator=gen)).values
+    dense = torch.randint(0, 3, (n, v), generator=gen).to(torch.float64)
+    dense *= torch.rand(n, v, generator=gen) < 0.3
+    if not shared_columns:  # each segment its own block of columns
+        own = torch.arange(v) % 4
+        dense *= own.unsqueeze(0) == segment.unsqueeze(1)
+    tf = dense.to_sparse()
+    got = bm25_note_weights(tf.to(device), segment=segment.to(device)).cpu()
+    rows, cols = tf.indices()
+    vals = tf.values()
+    seg_n = torch.bincount(segment, minlength=4).to(torch.float64)
+    length = dense.sum(1)
+    seg_len = torch.zeros(4, dtype=torch.float64).index_add_(0, segment, length)
+    avgdl = seg_len / seg_n.clamp(min=1)
+    df = torch.zeros(4, v, dtype=torch.float64)
+    df.index_put_((segment[rows], cols), torch.ones_like(vals), accumulate=True)
+    s = segment[rows]
+    d = df[s, cols]
+    idf = torch.log1p((seg_n[s] - d + 0.5) / (d + 0.5))
+    norm = length[rows] / avgdl[s]
+    want = idf * vals * (BM25_K1 + 1) / (vals + BM25_K1 * (1 - BM25_B + BM25_B * norm))
+    assert torch.equal(got.indices(), tf.indices())
+    assert torch.equal(got.values(), want)  # bit for bit: the same operations, exact counts
+
+
 def test_bm25_segments_score_each_memory_as_on_its_own(device: torch.device) -> None:
     a = [[1.0, 0.0, 2.0], [1.0, 1.0, 0.0]]
     b = [[0.0, 3.0, 1.0], [2.0, 0.0, 0.0], [1.0, 1.0, 1.0]]

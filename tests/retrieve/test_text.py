@@ -159,7 +159,9 @@ def test_kept_terms_give_the_same_index_bit_for_bit(monkeypatch) -> None:
     assert set(stores[0].terms) == {note_text(n) for n in notes}
     assert set(stores[1].terms) == {note_text(n) for n in notes[7:]}
     assert stores[3].terms == {}
-    assert stores[0].terms[note_text(notes[-1])] == ()  # stopwords only
+    assert stores[0].counts(note_text(notes[-1])) == {}  # stopwords only
+    for note in notes:  # each held text: its terms counted, in order of first appearance
+        assert list(stores[0].counts(note_text(note)).items()) == list(_counts(note).items())
 
     read: list[int] = []
     real = text._read_texts
@@ -180,7 +182,7 @@ def test_kept_terms_give_the_same_index_bit_for_bit(monkeypatch) -> None:
     remember_note_terms(mem, notes[:10])
     held = mem.cluster.store
     assert set(held.terms) == {note_text(n) for n in notes[:10]}
-    held.terms["stale text"] = ("stale",)
+    held.terms["stale text"] = (np.zeros(1, np.int32), np.ones(1, np.int32))
     alone = build_text_index(notes[:10], device=cpu)
     read.clear()
     (got,) = build_text_indexes([notes[:10]], device=cpu, stores=[held])
@@ -188,16 +190,67 @@ def test_kept_terms_give_the_same_index_bit_for_bit(monkeypatch) -> None:
     assert read == [0] and "stale text" not in held.terms  # kept: this build's texts only
 
 
-def test_a_text_read_on_write_has_the_terms_of_its_strings() -> None:
-    from soulmem_torch.retrieve.text import _text_terms_tuple, note_text, text_terms
+def _counts(note_or_text) -> dict[str, int]:
+    """The reference: ``text_terms`` of each string, counted in order of first appearance."""
+    from collections import Counter
+
+    from soulmem_torch.retrieve.text import text_terms
+
+    strings = note_strings(note_or_text) if not isinstance(note_or_text, str) else [note_or_text]
+    return dict(Counter(t for s in strings for t in text_terms(s)))
+
+
+def test_a_text_read_on_write_has_the_terms_of_its_strings_counted() -> None:
+    """``remember_note_terms`` holds each text as its distinct terms (in order of first
+    appearance) and their counts: those of ``text_terms`` of its strings."""
+    from soulmem_torch.model import MemoryNote, SemMemory
+    from soulmem_torch.retrieve.text import note_terms_of, note_text, remember_note_terms
+
+    extra = ["tab\x01sep and\x01", "ＦＵＬＬ 北京烤鸭 ﬁ 北京", "", "the of", "猫", "a b a c b a"]
+    notes = _mixed_notes() + [
+        MemoryNote.build(SemMemory(content=c, aliases=[c], concept_type="Entity", description=c))
+        for c in extra
+    ]
+    mem = SimpleNamespace(cluster=_FakeCluster(notes))
+    remember_note_terms(mem, notes)
+    store = note_terms_of(mem)
+    assert len(store) == len({note_text(n) for n in notes})
+    for note in notes:
+        got = store.counts(note_text(note))
+        assert list(got.items()) == list(_counts(note).items())
+        ids, counts = store.terms[note_text(note)]
+        assert ids.dtype == counts.dtype == np.int32 and len(set(ids.tolist())) == len(ids)
+    assert store.counts("not held") is None
+
+
+def test_a_new_numbering_rereads_what_the_old_one_held(monkeypatch) -> None:
+    """When the process's term numbering outgrows its bound it starts over: texts held in the
+    old one are read again (the same index, bit for bit), none is misread."""
+    from soulmem_torch.retrieve import text
+    from soulmem_torch.retrieve.text import NoteTerms, note_text
 
     notes = _mixed_notes()
-    extra = ["tab\x01sep\x00and\x01", "ＦＵＬＬ 北京烤鸭 ﬁ", "", "the of", "猫"]
-    for one in [note_text(n) for n in notes] + extra:
-        assert _text_terms_tuple(one) == tuple(text_terms(one))
-        assert _text_terms_tuple(one) == tuple(
-            t for part in one.split("\x00") for t in text_terms(part)
-        )
+    cpu = torch.device("cpu")
+    want = build_text_index(notes, device=cpu)
+    store = NoteTerms()
+    _same_index(build_text_indexes([notes], device=cpu, stores=[store])[0], want)
+    before = text._NUMBERING.generation
+    monkeypatch.setattr(text, "_TERMS_MAX", 0)  # the next read starts a new numbering
+    read: list[int] = []
+    real = text._read_texts
+
+    def counting(ids, texts, rows):
+        read.append(len(rows))
+        return real(ids, texts, rows)
+
+    monkeypatch.setattr(text, "_read_texts", counting)
+    _same_index(build_text_indexes([notes], device=cpu, stores=[store])[0], want)
+    assert text._NUMBERING.generation > before and store.generation == text._NUMBERING.generation
+    assert read == [len({note_text(n) for n in notes})]  # every held text read again
+    monkeypatch.setattr(text, "_TERMS_MAX", 1 << 21)
+    read.clear()
+    _same_index(build_text_indexes([notes], device=cpu, stores=[store])[0], want)
+    assert read == [0]
 
 
 class _FakeCluster:
@@ -256,19 +309,11 @@ def test_soulmem_reads_terms_on_write_and_rereads_only_what_changed(monkeypatch)
         read.append(len(rows))
         return real(ids, texts, rows)
 
-    written: list[str] = []
-    real_one = text._text_terms_tuple
-
-    def counting_one(one):
-        written.append(one)
-        return real_one(one)
-
     monkeypatch.setattr(text, "_read_texts", counting)
-    monkeypatch.setattr(text, "_text_terms_tuple", counting_one)
     first = mem.ask("Peking duck words")
     assert read == [0]
     mem.add_notes(notes[-3:])
-    assert read == [0] and len(written) == 3  # on write: the three new texts
+    assert read == [0, 3]  # on write: the three new texts
     read.clear()
     again = mem.ask("Peking duck words")
     assert read == [0]
@@ -311,3 +356,42 @@ def test_terms_on_write_take_embedded_notes_and_leave_bad_items_to_the_write() -
     with pytest.raises(ValidationError, match=r"notes\[1\]"):
         mem.add_notes([notes[2], "not a note"])
     assert len(mem) == 2
+
+
+def test_a_query_finds_the_same_columns_by_term_ids_as_by_the_vocab() -> None:
+    """An index built in one pass finds a query's columns by the terms' ids (no dict of
+    terms made); the same columns as its ``vocab`` gives, unknown terms left out."""
+    from soulmem_torch.errors import ValidationError
+    from soulmem_torch.retrieve.text import TextIndex, text_terms
+
+    notes = _mixed_notes()
+    cpu = torch.device("cpu")
+    lazy = build_text_indexes([notes, notes[10:], []], device=cpu)
+    strings = [s for n in notes for s in note_strings(n)] + ["unheard words", "北京 烤鸭 猫"]
+    rng = random.Random(1)
+    for index in lazy:
+        by_dict = TextIndex(dict(index.vocab), index.weights, index.term_major)
+        for _ in range(50):
+            query = rng.sample(strings, 3)
+            assert index.term_ids(query) == by_dict.term_ids(query)
+        assert index.term_names() == list(index.vocab)
+        assert index.num_terms == len(index.vocab) == len(
+            {t for n in (notes if index is lazy[0] else notes[10:] if index is lazy[1] else [])
+             for s in note_strings(n) for t in text_terms(s)}
+        )  # fmt: skip
+    with pytest.raises(ValidationError, match="vocab"):
+        TextIndex(None, lazy[0].weights, lazy[0].term_major)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_first_appearance_numbers_keys_as_unique_ranked_by_first_index(seed: int) -> None:
+    from soulmem_torch.retrieve.text import _first_appearance
+
+    rng = np.random.default_rng(seed)
+    key = rng.integers(0, [1, 5, 50, 10_000][seed], size=[0, 7, 300, 5000][seed] or 0)
+    column, is_first = _first_appearance(key)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    assert np.array_equal(column, rank[inverse.reshape(-1)])
+    assert np.array_equal(np.flatnonzero(is_first), np.sort(first))
