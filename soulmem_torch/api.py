@@ -34,7 +34,7 @@ from soulmem_torch.retrieve import (
     RetrSimilarity,
     SimilarityConfig,
 )
-from soulmem_torch.retrieve.questions import per_query_times, question_results, text_queries
+from soulmem_torch.retrieve.questions import per_query_times, text_queries
 
 __all__ = ["EventLoopRunningError", "SoulMem", "note_label", "record_results", "text_queries"]
 
@@ -657,16 +657,18 @@ class SoulMem:
             queries = [q for t in texts for q in text_queries(t)]
             config = DefaultPipelineConfig.for_questions() if config is None else config
             nows = per_query_times(now, len(texts))
-            results = self.query(
-                queries, config=config, now=[t for t in nows for _ in (0, 1)], record=False
+            requests = [
+                config.into_request(
+                    self.working_memory, q, 0, embedder=self.embedder, device=self.device, now=t
+                )
+                for q, t in zip(queries, (t for t in nows for _ in (0, 1)))
+            ]
+            # each question's two queries mixed, and filtered, on the tensors (run_stages)
+            out = RetrDefaultPipeline().retrieve_questions(
+                requests, [bool(only_matching)] * len(texts)
             )
-            out = question_results(results, config.merge_top_k)
-            if only_matching:
-                from soulmem_torch.retrieve.evidence import filter_result
-
-                out = [filter_result(self.cluster, t, r) for t, r in zip(texts, out)]
             # freed before the collector resumes, so its first young collection sees only `out`
-            del queries, results
+            del queries, requests
         if record:
             record_results(self.working_memory, out)
         return out

@@ -113,28 +113,37 @@ def _string_channel(
     )
 
 
-def _text_channel(
+def _text_terms(
     union: UnionSnapshot,
     positions: Sequence[int],
     queries: Sequence[Any],
     memories: Sequence[Any],
     m: int,
-) -> Tensor:
-    """Whole-note BM25 (the retrieve layer's ``text_scores``) of each query against its agent's
-    notes, every agent of the batch in one pass (each agent has its own vocabulary and
-    statistics, its index cached on its snapshot): (B, M) float64, zeros for agents without
-    notes."""
-    from soulmem_torch.retrieve.text import candidate_text_scores, text_indexes
+) -> Any:
+    """Each query's text-channel terms over its agent's text index (each agent has its own
+    vocabulary and statistics, its index cached on its snapshot; new snapshots' indexes built
+    in one pass), every agent of the batch laid end to end
+    (:func:`~soulmem_torch.retrieve.text.candidate_query_terms`, the layout kept in the
+    union's cache)."""
+    from soulmem_torch.retrieve.text import candidate_query_terms, text_indexes
 
     asked = dict.fromkeys(p for p, mem in zip(positions, memories) if mem is not None)
     mem_of = dict(zip(positions, memories))
-    # the indexes of new snapshots built in one pass, each cached on its snapshot
     built = text_indexes([agent_graph(union, p) for p in asked], [mem_of[p] for p in asked])
     indices: dict[int, Any] = dict(zip(asked, built))
     owners = [p if mem is not None else -1 for p, mem in zip(positions, memories)]  # -1: none
-    return candidate_text_scores(
+    return candidate_query_terms(
         indices, owners, queries, m, device=union.device, cache=union.cache
     )
+
+
+def _text_channel(union: UnionSnapshot, queries: Sequence[Any], m: int, terms: Any) -> Tensor:
+    """Whole-note BM25 (the retrieve layer's ``text_scores``) of each query against its agent's
+    notes, every agent of the batch in one pass: (B, M) float64, zeros for agents without
+    notes (``terms``: :func:`_text_terms`)."""
+    if terms is None:
+        return torch.zeros(len(queries), m, dtype=_F64, device=union.device)
+    return terms.bm25(m)
 
 
 def _similarity(
@@ -271,6 +280,7 @@ class UnionBackend:
         self.index, self.valid, self.m = candidates(union, self.agents)
         self.ids = note_ids(union, positions)
         self._ntype: Tensor | None = None
+        self._text_terms: Any = None  # the text channel's terms, kept for the evidence
 
     def similarity(self, weights: Any) -> Tensor:
         return _similarity(
@@ -290,7 +300,34 @@ class UnionBackend:
         # agents leaves the channel out
         if all(mem is None for mem in self.memories):
             return None
-        return _text_channel(self.union, self.positions, self.queries, self.memories, self.m)
+        self._text_terms = self._query_terms()
+        return _text_channel(self.union, self.queries, self.m, self._text_terms)
+
+    def evidence(self) -> Tensor | None:
+        """Which candidates have evidence for each question (rows ``0::2``): the text
+        channel's terms of the batch (kept from :meth:`text`, or looked up now) over the asked
+        agents' text indexes, and the union's block-diagonal links
+        (:func:`~soulmem_torch.retrieve.evidence.candidate_evidence`)."""
+        from soulmem_torch.retrieve.evidence import candidate_evidence
+
+        union = self.union
+        terms = self._text_terms if self._text_terms is not None else self._query_terms()
+        if terms is None or any(index is None for index in terms.indices.values()):
+            return None  # (an agent's notes unknown: the lists' own filter)
+        agents = self.agents[0::2]
+        start = union.eptr.index_select(0, agents)
+        rows = torch.arange(0, len(self.positions), 2, device=union.device)
+        return candidate_evidence(
+            terms.rows(rows), self.m, edge_index=union.edge_index, edge_start=start,
+            edge_count=union.eptr.index_select(0, agents + 1) - start,
+            node_start=union.ptr.index_select(0, agents),
+        )  # fmt: skip
+
+    def _query_terms(self) -> Any:
+        """:func:`_text_terms` of the batch (``None``: no agent has notes)."""
+        if all(mem is None for mem in self.memories):
+            return None
+        return _text_terms(self.union, self.positions, self.queries, self.memories, self.m)
 
     def time(self) -> Tensor | None:
         if self.nows is None:
@@ -357,6 +394,7 @@ def run_pipeline(
     embedder: Any,
     weights: Any = None,
     nows: Sequence[Any] | None = None,
+    questions: Sequence[bool] | None = None,
 ) -> list[Any]:
     """The default pipeline (:func:`~soulmem_torch.retrieve.stages.run_stages`) for B
     (agent, query) pairs on the union, with the cyclic garbage collector held off
@@ -375,6 +413,9 @@ def run_pipeline(
         weights: ``BlendWeights``; ``None`` → defaults.
         nows: when each question is asked (aware datetimes or ``None``): the ``time``
             channel.
+        questions: ``None``, or the queries are free-text questions' (concept, episode)
+            pairs, answered one per question, each flag its ``only_matching``
+            (:func:`~soulmem_torch.retrieve.stages.run_stages`).
     """
     from soulmem_torch.retrieve.similarity import effective_weights
 
@@ -385,4 +426,5 @@ def run_pipeline(
         memories=memories,
         priorities=priorities,
         weights=effective_weights(weights, config.similarity),
+        questions=questions,
     )

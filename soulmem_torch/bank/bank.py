@@ -381,6 +381,21 @@ class MemoryBank:
         Returns:
             one ``DefaultPipelineResult`` per request, in order.
         """
+        return self._query(requests, config=config, priorities=priorities, now=now, record=record)
+
+    @_locked
+    def _query(
+        self,
+        requests: Sequence[tuple[str, Any]],
+        *,
+        config: Any,
+        priorities: Sequence[int] | None,
+        now: Any,
+        record: bool,
+        questions: Sequence[bool] | None = None,
+    ) -> list[Any]:
+        """:meth:`query`; with ``questions`` the requests are free-text questions' (concept,
+        episode) pairs, answered one per question (``run_stages``' ``questions``)."""
         from soulmem_torch.bank._pipeline import run_pipeline
         from soulmem_torch.retrieve import DefaultPipelineConfig
 
@@ -426,9 +441,10 @@ class MemoryBank:
             ],
             embedder=self.embedder,
             nows=nows,
+            questions=questions,
         )
         if record:
-            self._record(positions, results)
+            self._record(positions[0::2] if questions is not None else positions, results)
         return results
 
     def _record(self, positions: Sequence[int], results: Sequence[Any]) -> None:
@@ -461,7 +477,7 @@ class MemoryBank:
         for every question, or one per question.
         """
         from soulmem_torch.retrieve import DefaultPipelineConfig
-        from soulmem_torch.retrieve.questions import per_query_times, question_results, text_queries
+        from soulmem_torch.retrieve.questions import per_query_times, text_queries
 
         agent_ids = [agent_ids] if isinstance(agent_ids, str) else list(agent_ids)
         texts = [texts] if isinstance(texts, str) else list(texts)
@@ -479,10 +495,6 @@ class MemoryBank:
             requests.extend((a, q) for q in qs)
         config = DefaultPipelineConfig.for_questions() if config is None else config
         nows = per_query_times(now, len(texts))
-        results = self.query(
-            requests, config=config, now=[t for t in nows for _ in (0, 1)], record=False
-        )
-        out = question_results(results, config.merge_top_k)
         flags = (
             [only_matching] * len(texts) if isinstance(only_matching, bool) else list(only_matching)
         )
@@ -490,13 +502,17 @@ class MemoryBank:
             raise ValidationError(
                 f"only_matching: expected a bool or {len(texts)} bools (one per question)"
             )
-        if any(flags):
-            from soulmem_torch.retrieve.evidence import filter_result
-
-            for i, (agent_id, text) in enumerate(zip(agent_ids, texts)):
-                mem = self._agents[agent_id].mem
-                if flags[i] and mem is not None:  # a tensor-built agent has no texts to match
-                    out[i] = filter_result(mem.cluster, text, out[i])
+        # the concept and episode query of every question in one batch, mixed and filtered
+        # per question on the tensors (``run_stages``' questions; a tensor-built agent has no
+        # texts to match: its questions are not filtered)
+        out = self._query(
+            requests,
+            config=config,
+            priorities=None,
+            now=[t for t in nows for _ in (0, 1)],
+            record=False,
+            questions=flags,
+        )
         if record:
             self._record(self._positions(agent_ids), out)
         return out

@@ -56,11 +56,14 @@ __all__ = [
     "BM25_B",
     "BM25_K1",
     "bm25_candidate_scores",
+    "candidate_term_hits",
     "bm25_term_starts",
     "bm25_note_weights",
     "bm25_scores",
     "bm25_term_major",
+    "mix_row_pairs",
     "ppr_start",
+    "reach_one_hop",
     "rank_fusion",
     "reciprocal_rank",
     "relative_seeds",
@@ -555,3 +558,161 @@ def undirected_edges(edge_index: Tensor, edge_weight: Tensor) -> tuple[Tensor, T
         torch.cat([edge_index, edge_index.flip(0)], dim=1),
         torch.cat([edge_weight, edge_weight]),
     )
+
+
+def mix_row_pairs(
+    values: Tensor, index: Tensor, valid: Tensor, *, top_k: int | None = None
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The question mix (``retrieve.questions.question_results``) of one kind of list on the
+    tensors of a stable top-k:
+    rows ``2i`` and ``2i + 1`` (question ``i``'s concept and episode queries, the same
+    candidates) → one row of ``2k`` entries, best first.
+
+    An entry of the second row whose candidate the first row also lists is merged into the
+    first's (its score when strictly greater, as ``mix_by_priority`` keeps the first-seen
+    score on ties); the entries are then ordered by score descending, ties in first-seen
+    order (the first row's entries, then the second's), the invalid ones last; ``top_k`` cuts
+    to the first ``top_k``. The same lists, bit for bit, as
+    :func:`~soulmem_torch.retrieve.priority.mix_by_priority_batch` of the two lists.
+
+    Args:
+        values: (2Q, k) float scores (compared and returned as float64).
+        index: (2Q, k) int64 candidate columns.
+        valid: (2Q, k) bool, which entries are real.
+        top_k: >= 0, or None (every entry).
+
+    Returns:
+        ``(values (Q, K) float64, index (Q, K), valid (Q, K))`` with ``K = min(2k, top_k)``,
+        or ``None`` when a valid score is NaN (its order is Python's: the caller mixes the
+        lists).
+    """
+    rows, k = int(values.shape[0]), int(values.shape[1])
+    if rows % 2:
+        raise ValidationError(
+            f"values: expected a (concept, episode) pair of rows per question, found {rows} rows"
+        )
+    q = rows // 2
+    v = values.to(torch.float64).reshape(q, 2 * k)
+    ix = index.reshape(q, 2 * k)
+    ok = valid.reshape(q, 2 * k)
+    if bool(torch.isnan(v).logical_and_(ok).any()):
+        return None
+    if k == 0:  # no entries (no candidates)
+        return v, ix, ok
+    a_v, b_v = v[:, :k], v[:, k:]
+    a_ok, b_ok = ok[:, :k], ok[:, k:]
+    # (q, k_b, k_a): entry t of the second list names the candidate of entry s of the first
+    same = (ix[:, k:].unsqueeze(2) == ix[:, :k].unsqueeze(1)) & b_ok.unsqueeze(2)
+    same &= a_ok.unsqueeze(1)
+    neg_inf = torch.tensor(float("-inf"), dtype=torch.float64, device=v.device)
+    other = torch.where(same, b_v.unsqueeze(2), neg_inf).amax(dim=1)  # (q, k_a)
+    merged = torch.cat([torch.where(other > a_v, other, a_v), b_v], dim=1)
+    keep = torch.cat([a_ok, b_ok & ~same.any(dim=2)], dim=1)
+    key = torch.where(keep, merged, neg_inf)
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices
+    # the kept entries first (a kept -inf ties with the dropped ones): a stable partition
+    kept = keep.gather(1, order)
+    order = order.gather(1, torch.sort((~kept).to(torch.uint8), dim=1, stable=True).indices)
+    if top_k is not None:
+        order = order[:, : max(0, int(top_k))]
+    return merged.gather(1, order), ix.gather(1, order), keep.gather(1, order)
+
+
+def _ranges(start: Tensor, count: Tensor) -> tuple[Tensor, Tensor]:
+    """``cat([arange(s, s + n) for s, n in zip(start, count)])`` and each entry's run number,
+    without a Python loop (one ``repeat_interleave`` each)."""
+    total = int(count.sum()) if count.numel() else 0
+    run = torch.repeat_interleave(torch.arange(int(count.shape[0]), device=count.device), count,
+                                  output_size=total)  # fmt: skip
+    shift = start - (torch.cumsum(count, 0) - count)
+    return torch.arange(total, device=count.device) + shift[run], run
+
+
+def candidate_term_hits(
+    query_terms: Tensor,
+    term_major: Tensor,
+    first_note: Tensor,
+    width: int,
+    *,
+    term_start: Tensor | None = None,
+) -> Tensor:
+    """Which notes hold a term of each query, each query against its own memory of a disjoint
+    union (as :func:`bm25_candidate_scores` lays them out): (B, width) bool, column ``j`` of
+    row ``b`` note ``first_note[b] + j``; ``True`` where the note has a posting (a stored
+    entry of ``term_major``, whatever its weight) of one of the query's terms.
+
+    Args:
+        query_terms: (B, V) sparse COO over the union's term rows (its values unread).
+        term_major: coalesced sparse COO (V, N) (term-major postings).
+        first_note: (B,) int64.
+        width: >= the largest memory's note count.
+        term_start: (V + 1,) int64 (:func:`bm25_term_starts`), or ``None``: counted here.
+
+    Raises:
+        ValidationError: bad shapes, or a posting outside its row's ``[first_note,
+            first_note + width)``.
+    """
+    b = int(query_terms.shape[0])
+    if query_terms.dim() != 2 or query_terms.shape[1] != term_major.shape[0]:
+        raise ValidationError(
+            f"query_terms: expected shape (B, {term_major.shape[0]}), "
+            f"found {tuple(query_terms.shape)}"
+        )
+    if first_note.shape != (b,):
+        raise ValidationError(f"first_note: expected shape ({b},), found {tuple(first_note.shape)}")
+    device = term_major.device
+    out = torch.zeros(b, int(width), dtype=torch.bool, device=device)
+    if b == 0 or width == 0 or term_major.shape[0] == 0:
+        return out
+    q = query_terms.to(device)
+    qb, qt = (q.coalesce() if q.is_sparse else q.to_sparse()).indices()
+    crow = bm25_term_starts(term_major) if term_start is None else term_start
+    first_of = crow.index_select(0, qt)
+    pos, run = _ranges(first_of, crow.index_select(0, qt + 1) - first_of)
+    if pos.numel() == 0:
+        return out
+    row = qb.index_select(0, run)
+    local = term_major.indices()[1].index_select(0, pos) - first_note.to(device)[row]
+    if bool(((local < 0) | (local >= width)).any()):
+        raise ValidationError(
+            "query_terms: a query's term reaches notes outside its memory's rows "
+            f"[first_note, first_note + {width})"
+        )
+    out.view(-1)[row * int(width) + local] = True
+    return out
+
+
+def reach_one_hop(
+    hits: Tensor,
+    edge_index: Tensor,
+    edge_start: Tensor,
+    edge_count: Tensor,
+    node_start: Tensor,
+) -> Tensor:
+    """``hits`` widened by one hop along the links, either way: (R, W) bool, entry ``(r, j)``
+    ``True`` where ``hits[r, j]`` is, or where a link joins node ``j`` to a node ``hits[r]``
+    marks (``j`` its source or its target).
+
+    Row ``r``'s links are ``edge_index[:, edge_start[r] : edge_start[r] + edge_count[r]]``
+    (global node numbers; node ``node_start[r] + j`` is column ``j``) — a block of a disjoint
+    union, or one memory's every link.
+
+    Args:
+        hits: (R, W) bool.
+        edge_index: (2, E) int64.
+        edge_start / edge_count / node_start: (R,) int64.
+    """
+    r, w = int(hits.shape[0]), int(hits.shape[1])
+    if r == 0 or w == 0:
+        return hits.clone()
+    pos, run = _ranges(edge_start, edge_count)
+    out = hits.clone()
+    if pos.numel() == 0:
+        return out
+    base = run * w - node_start.index_select(0, run)
+    src = edge_index[0].index_select(0, pos) + base  # flat (row, column) of each end
+    dst = edge_index[1].index_select(0, pos) + base
+    flat, seen = out.view(-1), hits.reshape(-1)
+    flat[src[seen[dst]]] = True
+    flat[dst[seen[src]]] = True
+    return out

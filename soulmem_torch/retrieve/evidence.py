@@ -22,11 +22,17 @@ never over the memory's notes; the note terms are cached per cluster version.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    import torch
+
+    from soulmem_torch.retrieve.text import CandidateTerms
+
+from soulmem_torch.functional.fusion import reach_one_hop
 from soulmem_torch.retrieve.text import note_strings, query_strings, text_terms
 
-__all__ = ["STOP_TERMS", "keep_matching", "query_terms"]
+__all__ = ["STOP_TERMS", "candidate_evidence", "keep_matching", "query_terms"]
 
 #: Terms that say nothing about content, so are no evidence: English function words and common
 #: Chinese function characters and bigrams (the text channel still scores them, weighted by
@@ -162,3 +168,27 @@ def filter_result(cluster: Any, question: Any, result: Any) -> Any:
         cluster, query_terms(question), result.association, result.action, result.seeds
     )
     return replace(result, association=association, action=action, seeds=seeds)
+
+
+def candidate_evidence(
+    terms: CandidateTerms,
+    width: int,
+    *,
+    edge_index: torch.Tensor,
+    edge_start: torch.Tensor,
+    edge_count: torch.Tensor,
+    node_start: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`keep_matching`'s rule on tensors, for every note of each query's own memory at
+    once: (B, width) bool, ``True`` where the note has evidence for the query — it holds one
+    of the query's terms other than :data:`STOP_TERMS` (:func:`query_terms`; a posting of the
+    memory's text index, the terms :class:`_IndexTerms` reads) or is linked, either way, to
+    a note that does.
+
+    ``terms``: the queries' text-channel terms over their memories' text indexes
+    (:func:`~soulmem_torch.retrieve.text.candidate_query_terms`); row ``b``'s links are
+    ``edge_index[:, edge_start[b] : edge_start[b] + edge_count[b]]``, node ``node_start[b] +
+    j`` its column ``j`` (:func:`~soulmem_torch.functional.fusion.reach_one_hop`). A query
+    without evidence terms has no evidence anywhere (``keep_matching`` keeps nothing)."""
+    hits = terms.without(STOP_TERMS).hits(width)
+    return reach_one_hop(hits, edge_index, edge_start, edge_count, node_start)

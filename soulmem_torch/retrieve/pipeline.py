@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from soulmem_torch.errors import ValidationError
 from soulmem_torch.retrieve.assoc_with_action import situation_weights
 from soulmem_torch.retrieve.batches import run_grouped
 from soulmem_torch.retrieve.bayes_action import bayes_action_columns
@@ -25,7 +26,7 @@ from soulmem_torch.retrieve.propagation import power_ppr, run_association
 from soulmem_torch.retrieve.requests import DefaultPipelineRequest
 from soulmem_torch.retrieve.similarity import effective_weights, similarity_scores
 from soulmem_torch.retrieve.stages import DefaultPipelineResult, channel_weights, run_stages
-from soulmem_torch.retrieve.text import query_strings, text_scores
+from soulmem_torch.retrieve.text import query_strings, text_index, text_scores
 from soulmem_torch.retrieve.when import time_scores
 
 __all__ = [
@@ -127,6 +128,29 @@ class GraphBackend:
             both = undirected_association(self.graph, weights, keys, config).T
         return scores.T, ok, both
 
+    def evidence(self) -> Tensor | None:
+        """Which notes have evidence for each question (rows ``0::2``): the graph's text
+        index and its links (:func:`~soulmem_torch.retrieve.evidence.candidate_evidence`)."""
+        from soulmem_torch.retrieve.evidence import candidate_evidence
+        from soulmem_torch.retrieve.text import candidate_query_terms
+
+        graph = self.graph
+        index = text_index(graph, self.memory)
+        if index is None:
+            return None
+        n, queries = int(graph.num_nodes), self.queries[0::2]
+        r = len(queries)
+        terms = candidate_query_terms(
+            {0: index}, [0] * r, queries, n, device=graph.device, cache=graph.cache
+        )
+        if terms is None:
+            return None
+        zeros = torch.zeros(r, dtype=torch.int64, device=graph.device)
+        return candidate_evidence(
+            terms, n, edge_index=graph.edge_index, edge_start=zeros,
+            edge_count=torch.full_like(zeros, graph.num_links), node_start=zeros,
+        )  # fmt: skip
+
     def actions(
         self,
         seed_weights: Tensor,
@@ -194,8 +218,35 @@ class RetrDefaultPipeline:
 
         return run_grouped(resolved, key=key, run=self._run)
 
+    def retrieve_questions(
+        self, requests: Sequence[DefaultPipelineRequest], only_matching: Sequence[bool]
+    ) -> list[DefaultPipelineResult]:
+        """Free-text questions as ``ask`` runs them: ``requests[2i]`` and ``requests[2i + 1]``
+        question ``i``'s concept and episode queries (``text_queries``), all of one memory,
+        device, config and embedder (one batch); one answer per question, the pair mixed and,
+        where ``only_matching[i]``, its results without evidence left out
+        (:func:`~soulmem_torch.retrieve.stages.run_stages`' ``questions``)."""
+        if len(requests) != 2 * len(only_matching):
+            raise ValidationError(
+                f"requests: expected {2 * len(only_matching)} (a concept and an episode query "
+                f"per question), found {len(requests)}"
+            )
+        if not requests:
+            return []
+        resolved = [(r, r.graph()) for r in requests]
+        first, graph = resolved[0]
+        for i, (r, g) in enumerate(resolved):
+            if g is not graph or r.config != first.config or r.embedder is not first.embedder:
+                raise ValidationError(
+                    f"requests[{i}]: expected the memory, config and embedder of requests[0]"
+                )
+        return self._run(resolved, questions=only_matching)
+
     @staticmethod
-    def _run(group: list[tuple[DefaultPipelineRequest, Any]]) -> list[DefaultPipelineResult]:
+    def _run(
+        group: list[tuple[DefaultPipelineRequest, Any]],
+        questions: Sequence[bool] | None = None,
+    ) -> list[DefaultPipelineResult]:
         first, graph = group[0]
         config = first.config
         backend = GraphBackend(
@@ -212,4 +263,5 @@ class RetrDefaultPipeline:
             memories=[r.working_memory for r, _ in group],
             priorities=[r.priority for r, _ in group],
             weights=effective_weights(first.weights, config.similarity),
+            questions=questions,
         )

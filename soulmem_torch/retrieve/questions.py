@@ -14,8 +14,7 @@ from typing import Any
 
 from soulmem_torch.errors import ValidationError
 from soulmem_torch.model.query import MemoryRetrieveQuery
-from soulmem_torch.retrieve.pipeline import DefaultPipelineResult
-from soulmem_torch.retrieve.priority import mix_by_priority_batch
+from soulmem_torch.retrieve.stages import question_results
 
 __all__ = ["per_query_times", "question_results", "text_queries"]
 
@@ -54,35 +53,3 @@ def per_query_times(now: Any, n: int) -> list[datetime | None]:
         if v is not None and (not isinstance(v, datetime) or v.utcoffset() is None):
             raise ValidationError(f"now[{i}]: expected an aware datetime or None, found {v!r}")
     return values
-
-
-def question_results(
-    results: Sequence[DefaultPipelineResult], merge_top_k: int
-) -> list[DefaultPipelineResult]:
-    """One answer per question from the pipeline's answers to its (concept, episode) queries,
-    laid out as ``text_queries`` made them (``results[2i]``, ``results[2i + 1]``): memories,
-    actions and seeds mixed max per note (equal priorities), memories cut to ``merge_top_k``;
-    the short-term window is the first query's. All questions' mixes are one batch."""
-    if len(results) % 2:
-        raise ValidationError(
-            f"results: expected a (concept, episode) pair per question, found {len(results)}"
-        )
-    pairs = list(zip(results[0::2], results[1::2]))
-    q = len(pairs)
-    mixed = mix_by_priority_batch(  # the three mixes of every question in one batch
-        [[a.association, b.association] for a, b in pairs]
-        + [[a.action, b.action] for a, b in pairs]
-        + [[a.seeds, b.seeds] for a, b in pairs],
-        [0, 0],
-    )
-    return [
-        DefaultPipelineResult(
-            association=mixed[i][:merge_top_k],
-            action=mixed[q + i],
-            short_history=a.short_history,
-            short_mem=a.short_mem,
-            priority=0,
-            seeds=mixed[2 * q + i],
-        )
-        for i, (a, _) in enumerate(pairs)
-    ]

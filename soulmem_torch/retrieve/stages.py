@@ -29,8 +29,10 @@ import torch
 from torch import Tensor
 
 from soulmem_torch._gcpause import gc_paused
+from soulmem_torch.errors import ValidationError
 from soulmem_torch.functional.fusion import (
     family_weights,
+    mix_row_pairs,
     ppr_start,
     rank_fusion,
     relative_seeds,
@@ -43,6 +45,7 @@ from soulmem_torch.retrieve.config import (
     AssociationConfig,
     DefaultPipelineConfig,
 )
+from soulmem_torch.retrieve.priority import mix_by_priority_batch
 from soulmem_torch.retrieve.short_only import RetrShortOnly
 from soulmem_torch.retrieve.similarity import threshold_mask
 
@@ -50,6 +53,7 @@ __all__ = [
     "DefaultPipelineResult",
     "PipelineBackend",
     "channel_weights",
+    "question_results",
     "result_lists",
     "row_topk",
     "run_stages",
@@ -81,12 +85,13 @@ class PipelineBackend(Protocol):
 
     ``valid``: (B, M) bool, or ``None`` when every entry of every row is a note.
     ``ids`` / ``index``: the candidates' ``MemoryId`` — ``ids[index[b, j]]`` (``index``
-    ``None``: ``ids[j]``).
+    ``None``: ``ids[j]``); ``queries``: the B queries.
     """
 
     valid: Tensor | None
     ids: Sequence[Any]
     index: Tensor | None
+    queries: Sequence[Any]
 
     def similarity(self, weights: Any) -> Tensor:
         """(B, M) float32 fused similarity of every query against its candidates."""
@@ -120,6 +125,13 @@ class PipelineBackend(Protocol):
     ) -> tuple[Tensor, Tensor]:
         """BayesAction from the situations among the seeds and the PPR top-k: ``(scores
         (B, M) float64, candidates (B, M) bool)``."""
+        ...
+
+    def evidence(self) -> Tensor | None:
+        """For the questions' first rows (``0::2``): (B / 2, M) bool, which candidates have
+        evidence for the question (``retrieve.evidence.candidate_evidence``); ``None`` when
+        a memory asked has no text index (the lists are then filtered by
+        ``evidence.keep_matching``)."""
         ...
 
 
@@ -209,6 +221,7 @@ def run_stages(
     memories: Sequence[Any],
     priorities: Sequence[int],
     weights: Any,
+    questions: Sequence[bool] | None = None,
 ) -> list[DefaultPipelineResult]:
     """ShortOnly → Similarity → AssociateWithAction → fusion for the B queries of ``backend``.
 
@@ -218,6 +231,12 @@ def run_stages(
         memories: each query's ``WorkingMemory`` (``None``: none), for the short-term window.
         priorities: passed through, one per query.
         weights: the effective ``BlendWeights`` of the similarity.
+        questions: ``None``: one result per query. Else the queries are free-text questions'
+            pairs (``text_queries``: rows ``2i`` and ``2i + 1``, question ``i``'s concept and
+            episode queries) and the result is one answer per question, as
+            ``question_results`` mixes them; ``questions[i]``: whether question ``i``'s
+            results without evidence are left out (``ask``'s ``only_matching``; a question
+            whose query has no ``WorkingMemory`` is never filtered).
     """
     valid = backend.valid
     rank = config.fusion == "rank"
@@ -311,19 +330,31 @@ def run_stages(
         )
         _, m_values, m_index, m_valid = row_topk(merged, chosen | ppr_selected, config.merge_top_k)
 
-    # the three lists of every row: slices of one flat list of (id, score) pairs
+    blocks = [
+        (s_values.to(torch.float32), s_index, s_valid),  # seeds keep float32 scores
+        (a_values, a_index, a_valid),
+        (m_values, m_index, m_valid),
+    ]
+    if questions is not None:
+        return _question_lists(backend, config, blocks, short, questions, memories)
+    return _lists(backend.ids, backend.index, blocks, short, priorities)
+
+
+def _lists(
+    ids: Sequence[Any],
+    index: Tensor | None,
+    blocks: Sequence[tuple[Tensor, Tensor, Tensor]],
+    short: Sequence[tuple[list[Any], str]],
+    priorities: Sequence[int],
+) -> list[DefaultPipelineResult]:
+    """One result per row of the (seeds, actions, memories) ``blocks``: slices of one flat list
+    of (id, score) pairs."""
     with gc_paused():  # B·k fresh tuples, none cyclic (see soulmem_torch._gcpause)
-        if m == 0:
+        if all(int(i.shape[1]) == 0 for _, i, _ in blocks):  # no candidates (M = 0)
             empty: list[tuple[Any, float]] = []
-            pairs, ends = empty, [0] * (3 * nb)
+            pairs, ends = empty, [0] * (3 * int(blocks[0][1].shape[0]))
         else:
-            pairs, ends = result_lists(
-                backend.ids,
-                backend.index,
-                (s_values.to(torch.float32), s_index, s_valid),  # seeds keep float32 scores
-                (a_values, a_index, a_valid),
-                (m_values, m_index, m_valid),
-            )
+            pairs, ends = result_lists(ids, index, *blocks)
         starts = [0, *ends[2::3]]
         return [
             DefaultPipelineResult(
@@ -338,3 +369,93 @@ def run_stages(
                 starts, ends[0::3], ends[1::3], ends[2::3], short, priorities
             )
         ]
+
+
+def _question_lists(
+    backend: PipelineBackend,
+    config: DefaultPipelineConfig,
+    blocks: Sequence[tuple[Tensor, Tensor, Tensor]],
+    short: Sequence[tuple[list[Any], str]],
+    questions: Sequence[bool],
+    memories: Sequence[Any],
+) -> list[DefaultPipelineResult]:
+    """One answer per question (rows ``2i``, ``2i + 1``): each kind of list mixed on the
+    tensors (:func:`~soulmem_torch.functional.fusion.mix_row_pairs`, memories cut to
+    ``merge_top_k``), the flagged questions' rows without evidence masked out
+    (``backend.evidence``), then one host transfer. The same lists, bit for bit, as
+    ``question_results`` and ``evidence.filter_result`` of the rows' own lists (which run
+    instead when a score is NaN, and the filter when the backend has no text index)."""
+    from soulmem_torch.retrieve.evidence import keep_matching, query_terms
+
+    nq = len(questions)
+    nb = int(blocks[0][1].shape[0])
+    if nb != 2 * nq:
+        raise ValidationError(
+            f"questions: expected {nb // 2} flags (one per pair of rows), found {nq}"
+        )
+    flagged = [i for i, f in enumerate(questions) if f and memories[2 * i] is not None]
+    cuts = (None, None, config.merge_top_k)
+    mixed = [mix_row_pairs(v, i, k, top_k=cut) for (v, i, k), cut in zip(blocks, cuts)]
+    index = None if backend.index is None else backend.index[0::2]
+    python_filter = flagged
+    if all(block is not None for block in mixed):
+        if flagged:
+            found = backend.evidence()
+            if found is not None:
+                python_filter = []
+                rows = torch.tensor(flagged, dtype=torch.int64, device=found.device)
+                mask = found.index_select(0, rows)
+                for _, at, ok in mixed:  # type: ignore[misc]
+                    ok[rows] &= mask.gather(1, at.index_select(0, rows))
+        out = _lists(backend.ids, index, mixed, short[0::2], [0] * nq)  # type: ignore[arg-type]
+    else:  # a NaN score: the lists' own mix
+        rows_out = _lists(backend.ids, backend.index, blocks, short, [0] * nb)
+        out = question_results(rows_out, config.merge_top_k)
+    for i in python_filter:
+        result = out[i]
+        association, action, seeds = keep_matching(
+            memories[2 * i].cluster,
+            query_terms(backend.queries[2 * i]),
+            result.association, result.action, result.seeds,
+        )  # fmt: skip
+        out[i] = DefaultPipelineResult(
+            association=association,
+            action=action,
+            short_history=result.short_history,
+            short_mem=result.short_mem,
+            priority=result.priority,
+            seeds=seeds,
+        )
+    return out
+
+
+def question_results(
+    results: Sequence[DefaultPipelineResult], merge_top_k: int
+) -> list[DefaultPipelineResult]:
+    """One answer per question from the pipeline's answers to its (concept, episode) queries,
+    laid out as ``text_queries`` made them (``results[2i]``, ``results[2i + 1]``): memories,
+    actions and seeds mixed max per note (equal priorities), memories cut to ``merge_top_k``;
+    the short-term window is the first query's. All questions' mixes are one batch."""
+    if len(results) % 2:
+        raise ValidationError(
+            f"results: expected a (concept, episode) pair per question, found {len(results)}"
+        )
+    pairs = list(zip(results[0::2], results[1::2]))
+    q = len(pairs)
+    mixed = mix_by_priority_batch(  # the three mixes of every question in one batch
+        [[a.association, b.association] for a, b in pairs]
+        + [[a.action, b.action] for a, b in pairs]
+        + [[a.seeds, b.seeds] for a, b in pairs],
+        [0, 0],
+    )
+    return [
+        DefaultPipelineResult(
+            association=mixed[i][:merge_top_k],
+            action=mixed[q + i],
+            short_history=a.short_history,
+            short_mem=a.short_mem,
+            priority=0,
+            seeds=mixed[2 * q + i],
+        )
+        for i, (a, _) in enumerate(pairs)
+    ]

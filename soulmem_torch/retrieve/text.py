@@ -38,6 +38,7 @@ from soulmem_torch.functional.fusion import (
     bm25_note_weights,
     bm25_scores,
     bm25_term_starts,
+    candidate_term_hits,
 )
 
 if TYPE_CHECKING:
@@ -49,6 +50,8 @@ __all__ = [
     "STOPWORDS",
     "TextIndex",
     "build_text_indexes",
+    "CandidateTerms",
+    "candidate_query_terms",
     "NoteTerms",
     "candidate_text_scores",
     "note_strings",
@@ -810,6 +813,7 @@ def candidate_text_scores(
     *,
     device: torch.device,
     cache: dict[Any, Any] | None = None,
+    terms: CandidateTerms | None = None,
 ) -> Tensor:
     """BM25 of each query against its own memory's notes, many memories in one pass:
     (B, width) float64, row ``b`` the scores of ``indices[owners[b]]``'s notes in graph order
@@ -826,8 +830,104 @@ def candidate_text_scores(
     layout of the latest set of memories asked is kept there (one slot, so a bank asked by
     ever-changing batches holds one layout, not one per batch) and reused while the same
     indexes are asked (checked by identity): a warm batch of the same agents does not
-    concatenate it again.
+    concatenate it again. ``terms``: :func:`candidate_query_terms` of these arguments, when
+    the caller keeps it (then nothing is looked up again).
     """
+    if terms is None:
+        terms = candidate_query_terms(indices, owners, queries, width, device=device, cache=cache)
+    if terms is None:
+        return torch.zeros(len(queries), int(width), dtype=torch.float64, device=device)
+    return terms.bm25(width)
+
+
+@dataclass(frozen=True)
+class CandidateTerms:
+    """B queries' terms over the end-to-end layout of their memories' text indexes
+    (:func:`candidate_query_terms`): ``query_terms`` sparse COO (B, T), 1 per distinct known
+    term of each query's strings (rows in order, each row's columns sorted); the layout's
+    ``term_major`` (T, N) weights, ``term_start`` (T + 1,), each query's ``first_note`` (B,);
+    ``term_base``: each memory's first term row; ``indices``: the memories' indexes;
+    ``extras``: a dict kept with the layout (its cached term masks)."""
+
+    query_terms: Tensor
+    term_major: Tensor
+    first_note: Tensor
+    term_start: Tensor
+    term_base: dict[int, int]
+    indices: Mapping[int, TextIndex | None] | Sequence[TextIndex | None]
+    extras: dict[Any, Any]
+
+    def bm25(self, width: int) -> Tensor:
+        """(B, width) float64: each query's BM25 against its own memory's notes
+        (:func:`~soulmem_torch.functional.fusion.bm25_candidate_scores`)."""
+        return bm25_candidate_scores(
+            self.query_terms, self.term_major, self.first_note, width, term_start=self.term_start
+        )
+
+    def hits(self, width: int) -> Tensor:
+        """(B, width) bool: which of its own memory's notes hold a term of each query
+        (:func:`~soulmem_torch.functional.fusion.candidate_term_hits`)."""
+        return candidate_term_hits(
+            self.query_terms, self.term_major, self.first_note, width, term_start=self.term_start
+        )
+
+    def rows(self, rows: Tensor) -> CandidateTerms:
+        """The same for the queries ``rows`` (1-D int64, ascending, distinct) only."""
+        qb, qt = self.query_terms.indices()
+        at = torch.full((int(self.query_terms.shape[0]),), -1, dtype=torch.int64,
+                        device=qb.device)  # fmt: skip
+        at[rows] = torch.arange(int(rows.shape[0]), device=qb.device)
+        keep = at[qb] >= 0
+        return self._with(at[qb[keep]], qt[keep], int(rows.shape[0]), self.first_note[rows])
+
+    def without(self, words: frozenset[str]) -> CandidateTerms:
+        """The same with the terms ``words`` left out of every query (the mask of each set of
+        words made once per layout, kept in ``extras``)."""
+        drop = self.extras.get(words)
+        if drop is None:
+            t = int(self.term_major.shape[0])
+            cols = [
+                base + vocab[w]
+                for p, base in self.term_base.items()
+                for vocab in (self.indices[p].vocab,)  # type: ignore[union-attr]
+                for w in words
+                if w in vocab
+            ]
+            drop = torch.zeros(t, dtype=torch.bool, device=self.term_major.device)
+            drop[torch.tensor(cols, dtype=torch.int64, device=drop.device)] = True
+            self.extras[words] = drop
+        qb, qt = self.query_terms.indices()
+        keep = ~drop[qt]
+        return self._with(qb[keep], qt[keep], int(self.query_terms.shape[0]), self.first_note)
+
+    def _with(self, qb: Tensor, qt: Tensor, b: int, first_note: Tensor) -> CandidateTerms:
+        query_terms = torch.sparse_coo_tensor(
+            torch.stack([qb, qt]),
+            torch.ones(int(qb.shape[0]), dtype=torch.float64, device=qb.device),
+            (b, int(self.query_terms.shape[1])),
+            is_coalesced=True,  # a subset of coalesced entries, in order
+            check_invariants=False,
+        )
+        return CandidateTerms(
+            query_terms, self.term_major, first_note, self.term_start, self.term_base,
+            self.indices, self.extras,
+        )  # fmt: skip
+
+
+def candidate_query_terms(
+    indices: Mapping[int, TextIndex | None] | Sequence[TextIndex | None],
+    owners: Sequence[int],
+    queries: Sequence[Any],
+    width: int,
+    *,
+    device: torch.device,
+    cache: dict[Any, Any] | None = None,
+) -> CandidateTerms | None:
+    """The queries' text-channel terms (every known term of each query's strings, looked up
+    in its own memory's vocabulary: the only per-query Python of the channel, once per
+    (memory, distinct strings)) over their memories' end-to-end layout, kept in ``cache``'s
+    one slot (see :func:`candidate_text_scores`); ``None`` when no memory asked has an
+    index."""
     b = len(queries)
     if len(owners) != b:
         raise ValidationError(f"owners: expected {b} entries (one per query), found {len(owners)}")
@@ -836,25 +936,32 @@ def candidate_text_scores(
     key = (tuple(used), str(device))
     kept = None if cache is None else cache.get("candidate_text_layout")
     if kept is not None and kept[0] == key and all(x is y for x, y in zip(kept[1], picked)):
-        term_base, note_base, term_major, terms, term_start = kept[2:]
+        term_base, note_base, term_major, terms, term_start, extras = kept[2:]
     else:
         term_base, note_base, term_major, terms = _text_layout(used, indices, device)
         term_start = None if term_major is None else bm25_term_starts(term_major)
+        extras = {}
         if cache is not None:  # one slot: the latest set of memories asked
             cache["candidate_text_layout"] = (
-                key, picked, term_base, note_base, term_major, terms, term_start,
+                key, picked, term_base, note_base, term_major, terms, term_start, extras,
             )  # fmt: skip
     if term_major is None:
-        return torch.zeros(b, int(width), dtype=torch.float64, device=device)
+        return None
     counts = [0] * b
     cols: list[int] = []
     first = [0] * b
+    # a query's columns once per (memory, distinct strings): a question's concept and
+    # episode queries hold the same text
+    known: dict[Any, list[int]] = {}
     for j, (q, p) in enumerate(zip(queries, owners)):
         base = term_base.get(p)
         if base is None:
             continue
         first[j] = note_base[p]
-        seen = sorted(indices[p].term_ids(query_strings(q)))  # type: ignore[union-attr]
+        strings = tuple(dict.fromkeys(query_strings(q)))
+        seen = known.get((p, strings))
+        if seen is None:
+            seen = known[(p, strings)] = sorted(indices[p].term_ids(strings))  # type: ignore[union-attr]
         counts[j] = len(seen)
         cols.extend(seen)
     # each query's columns offset by its memory's first term row, in one numpy pass
@@ -870,7 +977,9 @@ def candidate_text_scores(
         check_invariants=False,
     ).to(device)
     first_note = torch.tensor(first, dtype=torch.int64, device=device)
-    return bm25_candidate_scores(query_terms, term_major, first_note, width, term_start=term_start)
+    return CandidateTerms(
+        query_terms, term_major, first_note, term_start, term_base, indices, extras
+    )
 
 
 def _text_layout(
