@@ -23,6 +23,7 @@ import re
 import threading
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import repeat
 from operator import concat
 from typing import TYPE_CHECKING, Any
