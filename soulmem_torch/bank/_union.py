@@ -381,6 +381,8 @@ def splice_union(
         return None
     for p in fresh:
         g = graphs[p]
+        if int(g.num_nodes) == 0 and g.tag_table is None and g.field_table is None:
+            continue  # an empty segment (an agent not yet asked) fits any layout
         tag_table = g.tag_table
         if (tag_table is None) != (old.tag_dim is None):
             return None

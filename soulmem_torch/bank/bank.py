@@ -23,6 +23,7 @@ per-agent work for the others; a full concatenation when more than a quarter cha
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -50,6 +51,16 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
             return method(self, *args, **kwargs)
 
     return wrapper
+
+
+@functools.lru_cache(maxsize=1)
+def _not_asked() -> Any:
+    """The segment of an agent not yet asked: an empty snapshot (one shared object, so an agent
+    still not asked is unchanged from one union to the next)."""
+    from soulmem_torch.graph import MemoryGraph
+    from soulmem_torch.runtime.cluster import MemoryCluster
+
+    return MemoryGraph.from_cluster(MemoryCluster())
 
 
 def _check_agent_id(agent_id: Any, what: str = "agent_id") -> str:
@@ -91,6 +102,7 @@ class MemoryBank:
         self._position: dict[str, int] = {}
         self._union: Any = None
         self._union_snapshots: list[Any] = []
+        self._joined: set[str] = set()  # the agents in the union (asked at least once)
         self._dirty = True
         self._lock = threading.RLock()
         self.damaged: dict[str, str] = {}
@@ -306,12 +318,32 @@ class MemoryBank:
     # -- the union ---------------------------------------------------------------------------
     @_locked
     def union(self) -> Any:
-        """The disjoint-union snapshot, rebuilt when an agent changed since the last one."""
+        """The disjoint-union snapshot of every agent, rebuilt when an agent changed since the
+        last one."""
+        return self._union_of(None)
+
+    def _union_of(self, positions: Sequence[int] | None) -> Any:
+        """The union with at least the agents at ``positions`` (``None``: every agent) in it.
+
+        An agent enters the union at its first query (docs/spec.md §3 DECISION "agents join
+        the union when asked"): until then its segment is empty (:data:`_NOT_ASKED`, no notes,
+        no links), so a bank of 10,000 agents asked for 1,000 snapshots, indexes and
+        normalizes those 1,000. An agent once in stays in (its changes splice it)."""
         from soulmem_torch.bank._operators import carry_operators
         from soulmem_torch.bank._union import build_union, splice_union
 
+        joined, order = self._joined, self._order
+        new = (
+            [a for a in order if a not in joined]
+            if positions is None
+            else [order[p] for p in set(positions) if order[p] not in joined]
+        )
+        if new:
+            joined.update(new)
+            self._dirty = True
         if self._dirty or self._union is None:
-            snaps = [self._agents[a].snapshot() for a in self._order]
+            agents, empty = self._agents, _not_asked()
+            snaps = [agents[a].snapshot() if a in joined else empty for a in order]
             old, old_snaps = self._union, self._union_snapshots
             changed = [p for p, s in enumerate(old_snaps) if snaps[p] is not s]
             union = splice_union(old, snaps, changed) if old is not None else None
@@ -323,10 +355,11 @@ class MemoryBank:
         return self._union
 
     def _fresh_union(self, positions: Sequence[int]) -> Any:
-        """The union, rebuilt first if an agent of this batch changed through its view."""
+        """The union, with the agents of this batch in it, rebuilt first if one of them
+        changed through its view."""
         import torch
 
-        union = self.union()
+        union = self._union_of(positions)
         # an agent's current snapshot is the one its cluster holds for its version (what
         # ``Agent.snapshot`` returns, read without building one: none held means a change)
         key = ("graph", torch.device("cpu"))
@@ -335,7 +368,7 @@ class MemoryBank:
             mem = agents[order[p]].mem
             if mem is not None and mem.working_memory.cluster.cached(key) is not snaps[p]:
                 self._dirty = True
-                return self.union()
+                return self._union_of(positions)
         return union
 
     # -- asking ------------------------------------------------------------------------------
@@ -666,6 +699,7 @@ class MemoryBank:
         if agent_id not in self._agents:
             return
         del self._agents[agent_id]
+        self._joined.discard(agent_id)
         self._order.remove(agent_id)
         self._position = {a: p for p, a in enumerate(self._order)}
         self._union = None

@@ -139,6 +139,9 @@ def test_bank_update_equals_each_agents_own_update():
     bank.add_agent("a", notes[:50])
     bank.add_agent("b", notes[30:])
     bank.add_agent("idle", notes[:20])
+    # every agent in the union first (an agent not asked joins it when the whole union is
+    # read): the update below then patches the union the questions used
+    bank.union()
     for _ in range(2):
         # every fused answer (the evidence filter would leave "b" without retrievals)
         bank.ask(
