@@ -573,26 +573,21 @@ class MemoryGraph(Data):
         )
         counts = torch.tensor([item.note.retrieval_count for item in items], dtype=_I64)
 
-        src, dst, kind, intensity, confidence, prob = [], [], [], [], [], []
-        for link in links:
-            try:
-                src.append(index_of[link.from_])
-                dst.append(index_of[link.to])
-            except KeyError as exc:
-                raise ValidationError(
-                    f"links: edge {link.id} names note {exc.args[0]}, which is not in the cluster"
-                ) from None
-            lt = link.link_type
-            code = _LINK_CODES.get(type(lt))
-            if code is None:
-                raise ValidationError(
-                    f"links: edge {link.id} has link_type {type(lt).__name__}; expected "
-                    "TrigToAction, SemMemLink, AbstractToSpecific or SpecificToAbstract"
-                )
-            kind.append(code)
-            intensity.append(float(link.intensity))
-            confidence.append(float(lt.confidence) if code == LINK_SEM else 0.0)
-            prob.append(float(lt.prob) if code == LINK_PROC else 0.0)
+        # the links' columns by comprehensions (no per-link Python statements); a bad link is
+        # found and named by the loop of _bad_link
+        try:
+            src = list(map(index_of.__getitem__, [link.from_ for link in links]))
+            dst = list(map(index_of.__getitem__, [link.to for link in links]))
+        except KeyError:
+            _bad_link(links, index_of)
+            raise  # pragma: no cover - _bad_link raises
+        types = [link.link_type for link in links]
+        kind = list(map(_LINK_CODES.get, map(type, types)))
+        if None in kind:
+            _bad_link(links, index_of)
+        intensity = [link.intensity for link in links]
+        confidence = [lt.confidence if code == LINK_SEM else 0.0 for lt, code in zip(types, kind)]
+        prob = [lt.prob if code == LINK_PROC else 0.0 for lt, code in zip(types, kind)]
         num_edges = len(links)
         edge_index = torch.tensor([src, dst], dtype=_I64).reshape(2, num_edges)
 
@@ -899,3 +894,20 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
         bi = b.index if b.index is not None else torch.cuda.current_device()
         return ai == bi
     return True
+
+
+def _bad_link(links: Sequence[Any], index_of: dict[Any, int]) -> None:
+    """Raises for the first link of ``links`` that names a note outside ``index_of`` or has
+    an unknown link type (what :meth:`MemoryGraph.from_cluster` reports)."""
+    for link in links:
+        for end in (link.from_, link.to):
+            if end not in index_of:
+                raise ValidationError(
+                    f"links: edge {link.id} names note {end}, which is not in the cluster"
+                )
+        lt = link.link_type
+        if _LINK_CODES.get(type(lt)) is None:
+            raise ValidationError(
+                f"links: edge {link.id} has link_type {type(lt).__name__}; expected "
+                "TrigToAction, SemMemLink, AbstractToSpecific or SpecificToAbstract"
+            )

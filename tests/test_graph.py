@@ -347,3 +347,59 @@ def test_congyu_cluster_snapshot():
         int(g.is_semantic.sum() + g.is_specific.sum() + g.is_abstract.sum() + g.is_procedure.sum())
         == 34
     )
+
+
+def _sample_cluster() -> MemoryCluster:
+    from soulmem_torch.data import sample_memory_path
+    from soulmem_torch.model.soul_tune import load_soul_tune_graph
+
+    cluster = MemoryCluster()
+    cluster.add_notes(load_soul_tune_graph(sample_memory_path()).notes)
+    return cluster
+
+
+def test_from_cluster_edge_columns_are_each_links_values() -> None:
+    # reference: the columns read link by link, as the original's graph export reads them
+    cluster = _sample_cluster()
+    graph = MemoryGraph.from_cluster(cluster)
+    index = {mid: i for i, mid in enumerate(cluster.ids())}
+    want = {}
+    for link in cluster.links():
+        lt = link.link_type
+        kind = {"SemMemLink": LINK_SEM, "TrigToAction": LINK_PROC}.get(type(lt).__name__)
+        want[link.id] = (
+            index[link.from_], index[link.to], float(link.intensity),
+            float(torch.tensor(float(lt.confidence), dtype=torch.float32))
+            if kind == LINK_SEM else 0.0,
+            float(lt.prob) if kind == LINK_PROC else 0.0,
+        )  # fmt: skip
+    assert len(want) == graph.num_edges > 0
+    for e, lid in enumerate(graph.link_ids):
+        src, dst = graph.edge_index[:, e].tolist()
+        got = (src, dst, float(graph.intensity[e]), float(graph.confidence[e]),
+               float(graph.prob[e]))  # fmt: skip
+        assert got == want[lid]
+
+
+def test_from_cluster_names_a_bad_link(monkeypatch) -> None:
+    cluster = _sample_cluster()
+    links = cluster.links()
+    from types import SimpleNamespace
+
+    def stand_in(link, **change):  # a link with the cluster's link's attributes, changed
+        fields = ("id", "from_", "to", "link_type", "intensity")
+        return SimpleNamespace(**{**{f: getattr(link, f) for f in fields}, **change})
+
+    stray = MemoryId()
+    dangling = stand_in(links[3], to=stray)
+    monkeypatch.setattr(cluster, "links", lambda: [*links, dangling])
+    with pytest.raises(ValidationError, match=f"edge {dangling.id} names note {stray}"):
+        MemoryGraph.from_cluster(cluster)
+
+    class Unknown:
+        pass
+
+    odd = stand_in(links[5], link_type=Unknown())
+    monkeypatch.setattr(cluster, "links", lambda: [*links, odd])
+    with pytest.raises(ValidationError, match=f"edge {odd.id} has link_type Unknown"):
+        MemoryGraph.from_cluster(cluster)
