@@ -326,7 +326,7 @@ class MemoryBank:
         """The union with at least the agents at ``positions`` (``None``: every agent) in it.
 
         An agent enters the union at its first query (docs/spec.md §3 DECISION "agents join
-        the union when asked"): until then its segment is empty (:data:`_NOT_ASKED`, no notes,
+        the union when asked"): until then its segment is empty (:func:`_not_asked`, no notes,
         no links), so a bank of 10,000 agents asked for 1,000 snapshots, indexes and
         normalizes those 1,000. An agent once in stays in (its changes splice it)."""
         from soulmem_torch.bank._operators import carry_operators
