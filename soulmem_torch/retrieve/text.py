@@ -269,11 +269,16 @@ class TextIndex:
     def term_ids(self, strings: Iterable[str]) -> set[int]:
         """The columns of the known terms of ``strings`` (each once)."""
         # (a query repeats its text across fields: each distinct string's terms once)
+        return self.term_columns(t for s in dict.fromkeys(strings) for t in _terms(s))
+
+    def term_columns(self, terms: Iterable[str]) -> set[int]:
+        """The columns of the known ``terms`` (terms as the index holds them: words already
+        read by the text channel's tokenizer), each once; no ``vocab`` is made for it."""
         if self._vocab is not None or self._terms is None:
             vocab = self.vocab
-            return {vocab[t] for s in dict.fromkeys(strings) for t in _terms(s) if t in vocab}
+            return {vocab[t] for t in terms if t in vocab}
         get = self._numbering.of_term.get  # type: ignore[union-attr]  # (numbers nothing)
-        found = {get(t) for s in dict.fromkeys(strings) for t in _terms(s)}
+        found = set(map(get, terms))
         found.discard(None)
         if not found or not len(self._terms):
             return set()
@@ -888,11 +893,9 @@ class CandidateTerms:
         if drop is None:
             t = int(self.term_major.shape[0])
             cols = [
-                base + vocab[w]
+                base + c
                 for p, base in self.term_base.items()
-                for vocab in (self.indices[p].vocab,)  # type: ignore[union-attr]
-                for w in words
-                if w in vocab
+                for c in self.indices[p].term_columns(words)  # type: ignore[union-attr]
             ]
             drop = torch.zeros(t, dtype=torch.bool, device=self.term_major.device)
             drop[torch.tensor(cols, dtype=torch.int64, device=drop.device)] = True

@@ -367,13 +367,19 @@ def test_a_query_finds_the_same_columns_by_term_ids_as_by_the_vocab() -> None:
     notes = _mixed_notes()
     cpu = torch.device("cpu")
     lazy = build_text_indexes([notes, notes[10:], []], device=cpu)
+    # the same indexes again, read through their vocab (``vocab`` is made on the first read)
+    again = build_text_indexes([notes, notes[10:], []], device=cpu)
     strings = [s for n in notes for s in note_strings(n)] + ["unheard words", "北京 烤鸭 猫"]
+    words = [*sorted({t for s in strings for t in text_terms(s)}), "unheard", "猫猫"]
     rng = random.Random(1)
-    for index in lazy:
-        by_dict = TextIndex(dict(index.vocab), index.weights, index.term_major)
+    for index, twin in zip(lazy, again):
+        by_dict = TextIndex(dict(twin.vocab), twin.weights, twin.term_major)
         for _ in range(50):
             query = rng.sample(strings, 3)
             assert index.term_ids(query) == by_dict.term_ids(query)
+            terms = rng.sample(words, 8)
+            assert index.term_columns(terms) == by_dict.term_columns(terms)
+        assert index._vocab is None or not index.num_terms  # found by ids: no dict was made
         assert index.term_names() == list(index.vocab)
         assert index.num_terms == len(index.vocab) == len(
             {t for n in (notes if index is lazy[0] else notes[10:] if index is lazy[1] else [])
