@@ -469,7 +469,29 @@ def bm25_candidate_scores(
         ValidationError: bad shapes, or a query term whose postings fall outside its row's
             ``[first_note, first_note + width)``.
     """
-    b = query_terms.shape[0]
+    posting = _candidate_postings(query_terms, term_major, first_note, width, term_start)
+    out = torch.zeros(
+        int(query_terms.shape[0]), int(width), dtype=torch.float64, device=term_major.device
+    )
+    if posting is not None:
+        row, local, value = posting
+        out.view(-1).index_add_(0, row * width + local, value)  # (see bm25_scores)
+    return out
+
+
+def _candidate_postings(
+    query_terms: Tensor,
+    term_major: Tensor,
+    first_note: Tensor,
+    width: int,
+    term_start: Tensor | None,
+    *,
+    weighted: bool = True,
+) -> tuple[Tensor, Tensor, Tensor | None] | None:
+    """The arguments of :func:`bm25_candidate_scores` / :func:`candidate_term_hits` checked,
+    and every posting of the queries' terms as ``(query, column in the query's own rows,
+    q(t) · w(note, t) or None when not ``weighted``)`` (:func:`_postings`); None when none."""
+    b = int(query_terms.shape[0])
     if query_terms.dim() != 2 or query_terms.shape[1] != term_major.shape[0]:
         raise ValidationError(
             f"query_terms: expected shape (B, {term_major.shape[0]}), "
@@ -477,21 +499,19 @@ def bm25_candidate_scores(
         )
     if first_note.shape != (b,):
         raise ValidationError(f"first_note: expected shape ({b},), found {tuple(first_note.shape)}")
-    device = term_major.device
-    out = torch.zeros(b, int(width), dtype=torch.float64, device=device)
     if b == 0 or width == 0 or term_major.shape[0] == 0:
-        return out
-    posting = _postings(query_terms, term_major, term_start)
-    if posting is not None:
-        row, note, value = posting
-        local = note - first_note.to(device)[row]
-        if bool(((local < 0) | (local >= width)).any()):
-            raise ValidationError(
-                "query_terms: a query's term reaches notes outside its memory's rows "
-                f"[first_note, first_note + {width})"
-            )
-        out.view(-1).index_add_(0, row * width + local, value)  # (see bm25_scores)
-    return out
+        return None
+    posting = _postings(query_terms, term_major, term_start, weighted=weighted)
+    if posting is None:
+        return None
+    row, note, value = posting
+    local = note - first_note.to(term_major.device)[row]
+    if bool(((local < 0) | (local >= width)).any()):
+        raise ValidationError(
+            "query_terms: a query's term reaches notes outside its memory's rows "
+            f"[first_note, first_note + {width})"
+        )
+    return row, local, value
 
 
 def bm25_term_starts(term_major: Tensor) -> Tensor:
@@ -505,33 +525,30 @@ def bm25_term_starts(term_major: Tensor) -> Tensor:
 
 
 def _postings(
-    query_terms: Tensor, term_major: Tensor, term_start: Tensor | None = None
-) -> tuple[Tensor, Tensor, Tensor] | None:
+    query_terms: Tensor,
+    term_major: Tensor,
+    term_start: Tensor | None = None,
+    *,
+    weighted: bool = True,
+) -> tuple[Tensor, Tensor, Tensor | None] | None:
     """Every (query, note, ``q(t) · w(note, t)``) posting of the queries' terms, queries in
-    order, each query's terms in term order, each term's notes in order; None when none."""
+    order, each query's terms in term order, each term's notes in order (the product ``None``
+    when not ``weighted``); None when none."""
     device = term_major.device
     q = query_terms.to(device)
     q = q.coalesce() if q.is_sparse else q.to_sparse()
     qb, qt = q.indices()
-    qv = q.values().to(torch.float64)
-    _, n_of = term_major.indices()
-    w = term_major.values().to(torch.float64)
     crow = bm25_term_starts(term_major) if term_start is None else term_start
     first_of = crow[qt]
-    lens = crow[qt + 1] - first_of
-    total = int(lens.sum())
-    if total == 0:
+    pos, run = _ranges(first_of, crow[qt + 1] - first_of)
+    if pos.numel() == 0:
         return None
-    first = torch.repeat_interleave(first_of, lens)
-    rank_in_run = torch.arange(total, device=device) - torch.repeat_interleave(
-        torch.cumsum(lens, 0) - lens, lens
-    )
-    pos = first + rank_in_run
-    return (
-        torch.repeat_interleave(qb, lens),
-        n_of[pos],
-        torch.repeat_interleave(qv, lens) * w[pos],
-    )
+    note = term_major.indices()[1][pos]
+    if not weighted:
+        return qb[run], note, None
+    qv = q.values().to(torch.float64)
+    w = term_major.values().to(torch.float64)
+    return qb[run], note, qv[run] * w[pos]
 
 
 def undirected_edges(edge_index: Tensor, edge_weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -652,33 +669,15 @@ def candidate_term_hits(
         ValidationError: bad shapes, or a posting outside its row's ``[first_note,
             first_note + width)``.
     """
-    b = int(query_terms.shape[0])
-    if query_terms.dim() != 2 or query_terms.shape[1] != term_major.shape[0]:
-        raise ValidationError(
-            f"query_terms: expected shape (B, {term_major.shape[0]}), "
-            f"found {tuple(query_terms.shape)}"
-        )
-    if first_note.shape != (b,):
-        raise ValidationError(f"first_note: expected shape ({b},), found {tuple(first_note.shape)}")
-    device = term_major.device
-    out = torch.zeros(b, int(width), dtype=torch.bool, device=device)
-    if b == 0 or width == 0 or term_major.shape[0] == 0:
-        return out
-    q = query_terms.to(device)
-    qb, qt = (q.coalesce() if q.is_sparse else q.to_sparse()).indices()
-    crow = bm25_term_starts(term_major) if term_start is None else term_start
-    first_of = crow.index_select(0, qt)
-    pos, run = _ranges(first_of, crow.index_select(0, qt + 1) - first_of)
-    if pos.numel() == 0:
-        return out
-    row = qb.index_select(0, run)
-    local = term_major.indices()[1].index_select(0, pos) - first_note.to(device)[row]
-    if bool(((local < 0) | (local >= width)).any()):
-        raise ValidationError(
-            "query_terms: a query's term reaches notes outside its memory's rows "
-            f"[first_note, first_note + {width})"
-        )
-    out.view(-1)[row * int(width) + local] = True
+    posting = _candidate_postings(
+        query_terms, term_major, first_note, width, term_start, weighted=False
+    )
+    out = torch.zeros(
+        int(query_terms.shape[0]), int(width), dtype=torch.bool, device=term_major.device
+    )
+    if posting is not None:
+        row, local, _ = posting
+        out.view(-1)[row * int(width) + local] = True
     return out
 
 
