@@ -385,7 +385,7 @@ def _question_lists(
     (``backend.evidence``), then one host transfer. The same lists, bit for bit, as
     ``question_results`` and ``evidence.filter_result`` of the rows' own lists (which run
     instead when a score is NaN, and the filter when the backend has no text index)."""
-    from soulmem_torch.retrieve.evidence import keep_matching, query_terms
+    from soulmem_torch.retrieve.evidence import filter_result
 
     nq = len(questions)
     nb = int(blocks[0][1].shape[0])
@@ -412,20 +412,7 @@ def _question_lists(
         rows_out = _lists(backend.ids, backend.index, blocks, short, [0] * nb)
         out = question_results(rows_out, config.merge_top_k)
     for i in python_filter:
-        result = out[i]
-        association, action, seeds = keep_matching(
-            memories[2 * i].cluster,
-            query_terms(backend.queries[2 * i]),
-            result.association, result.action, result.seeds,
-        )  # fmt: skip
-        out[i] = DefaultPipelineResult(
-            association=association,
-            action=action,
-            short_history=result.short_history,
-            short_mem=result.short_mem,
-            priority=result.priority,
-            seeds=seeds,
-        )
+        out[i] = filter_result(memories[2 * i].cluster, backend.queries[2 * i], out[i])
     return out
 
 
