@@ -26,7 +26,7 @@ from soulmem_torch.retrieve.propagation import power_ppr, run_association
 from soulmem_torch.retrieve.requests import DefaultPipelineRequest
 from soulmem_torch.retrieve.similarity import effective_weights, similarity_scores
 from soulmem_torch.retrieve.stages import DefaultPipelineResult, channel_weights, run_stages
-from soulmem_torch.retrieve.text import query_strings, text_index, text_scores
+from soulmem_torch.retrieve.text import query_strings, text_index
 from soulmem_torch.retrieve.when import time_scores
 
 __all__ = [
@@ -102,6 +102,7 @@ class GraphBackend:
         self.ids = graph.ids
         self.index = None
         self.rank = rank
+        self._text_terms: Any = None  # the text channel's terms, kept for the evidence
 
     def similarity(self, weights: Any) -> Tensor:
         return similarity_scores(
@@ -109,7 +110,28 @@ class GraphBackend:
         )
 
     def text(self) -> Tensor | None:
-        return text_scores(self.graph, self.memory, self.queries)
+        """Whole-note BM25 of every query (:func:`~soulmem_torch.retrieve.text.text_scores`'
+        bits, by the candidate kernel over the one memory), its terms kept for the evidence."""
+        n = int(self.graph.num_nodes)
+        self._text_terms = self._query_terms()
+        if self._text_terms is None:
+            return torch.zeros(len(self.queries), n, dtype=torch.float64, device=self.graph.device)
+        return self._text_terms.bm25(n)
+
+    def _query_terms(self) -> Any:
+        """The queries' terms over the graph's text index
+        (:func:`~soulmem_torch.retrieve.text.candidate_query_terms`); ``None`` without one."""
+        from soulmem_torch.retrieve.text import candidate_query_terms
+
+        graph = self.graph
+        index = text_index(graph, self.memory)
+        if index is None:
+            return None
+        b = len(self.queries)
+        return candidate_query_terms(
+            {0: index}, [0] * b, self.queries, int(graph.num_nodes), device=graph.device,
+            cache=graph.cache,
+        )  # fmt: skip
 
     def time(self) -> Tensor | None:
         texts = [" ".join(query_strings(q)) for q in self.queries]
@@ -129,25 +151,20 @@ class GraphBackend:
         return scores.T, ok, both
 
     def evidence(self) -> Tensor | None:
-        """Which notes have evidence for each question (rows ``0::2``): the graph's text
-        index and its links (:func:`~soulmem_torch.retrieve.evidence.candidate_evidence`)."""
+        """Which notes have evidence for each question (rows ``0::2``): the text channel's
+        terms (kept from :meth:`text`, or looked up now) over the graph's text index, and its
+        links (:func:`~soulmem_torch.retrieve.evidence.candidate_evidence`)."""
         from soulmem_torch.retrieve.evidence import candidate_evidence
-        from soulmem_torch.retrieve.text import candidate_query_terms
 
         graph = self.graph
-        index = text_index(graph, self.memory)
-        if index is None:
-            return None
-        n, queries = int(graph.num_nodes), self.queries[0::2]
-        r = len(queries)
-        terms = candidate_query_terms(
-            {0: index}, [0] * r, queries, n, device=graph.device, cache=graph.cache
-        )
+        terms = self._text_terms if self._text_terms is not None else self._query_terms()
         if terms is None:
             return None
-        zeros = torch.zeros(r, dtype=torch.int64, device=graph.device)
+        n = int(graph.num_nodes)
+        rows = torch.arange(0, len(self.queries), 2, device=graph.device)
+        zeros = torch.zeros(int(rows.shape[0]), dtype=torch.int64, device=graph.device)
         return candidate_evidence(
-            terms, n, edge_index=graph.edge_index, edge_start=zeros,
+            terms.rows(rows), n, edge_index=graph.edge_index, edge_start=zeros,
             edge_count=torch.full_like(zeros, graph.num_links), node_start=zeros,
         )  # fmt: skip
 
