@@ -171,13 +171,17 @@ class SparseRows:
         if tuple(out.shape) != (p, d):
             raise ValidationError(f"out: expected shape ({p}, {d}), found {tuple(out.shape)}")
         if self.nnz:
-            lo = int(self.crow[0])
-            lengths = (self.crow[1:] - self.crow[:-1]).to(torch.int64)
-            rows = torch.repeat_interleave(torch.arange(p, device=self.device), lengths)
-            out[rows, self.col[lo : int(self.crow[-1])].to(torch.int64)] = self.val[
-                lo : int(self.crow[-1])
-            ].to(out.dtype)
+            lo, hi, rows = self._cell_rows()
+            out[rows, self.col[lo:hi].to(torch.int64)] = self.val[lo:hi].to(out.dtype)
         return out
+
+    def _cell_rows(self) -> tuple[int, int, Tensor]:
+        """``(lo, hi, row)``: the cells are ``col[lo:hi]`` / ``val[lo:hi]`` (a narrowed table's
+        window), ``row`` (int64) the row of each."""
+        lo, hi = int(self.crow[0]), int(self.crow[-1])
+        lengths = (self.crow[1:] - self.crow[:-1]).to(torch.int64)
+        row = torch.repeat_interleave(torch.arange(len(self), device=self.device), lengths)
+        return lo, hi, row
 
     def divide_rows(self, divisor: Tensor, *, keep: Tensor | None = None) -> SparseRows:
         """Each row's cells divided by ``divisor[row]`` ((P,), float; times ``keep[row]``,
@@ -190,9 +194,7 @@ class SparseRows:
                 f"divisor / keep: expected shape ({p},), found {tuple(divisor.shape)} / "
                 f"{None if keep is None else tuple(keep.shape)}"
             )
-        lo, hi = int(self.crow[0]), int(self.crow[-1])
-        lengths = (self.crow[1:] - self.crow[:-1]).to(torch.int64)
-        row = torch.repeat_interleave(torch.arange(p, device=self.device), lengths)
+        lo, hi, row = self._cell_rows()
         val = self.val[lo:hi] / divisor.to(self.val.dtype)[row]
         if keep is not None:
             val *= keep[row]
