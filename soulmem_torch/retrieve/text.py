@@ -17,6 +17,7 @@ built once per graph snapshot and cached on it (:func:`text_index`); queries are
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import re
@@ -912,10 +913,7 @@ class CandidateTerms:
             is_coalesced=True,  # a subset of coalesced entries, in order
             check_invariants=False,
         )
-        return CandidateTerms(
-            query_terms, self.term_major, first_note, self.term_start, self.term_base,
-            self.indices, self.extras,
-        )  # fmt: skip
+        return dataclasses.replace(self, query_terms=query_terms, first_note=first_note)
 
 
 def candidate_query_terms(
