@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import operator
 import re
 import threading
 import unicodedata
@@ -406,13 +407,35 @@ class NoteTerms:
     two int32 arrays — its distinct terms (their ids in the process's term numbering, in order
     of first appearance) and how often each occurs. An index build concatenates them (no term
     string is looked up again). ``generation``: the numbering they are in (a store of an older
-    one is read as empty)."""
+    one is read as empty).
 
-    __slots__ = ("generation", "terms")
+    ``texts``: the text of each note read (:func:`note_text`), by the note object's identity —
+    ``id(note) → (note, text)``, used only while the entry's note *is* the note asked about —
+    so a snapshot's index does not walk every note's fields again for its content address. A
+    note changed in place is declared so (``MemoryCluster.mark_changed``, which every change
+    the library makes goes through, as the snapshot's own rebuild needs); the cluster then
+    tells its kept values (:meth:`notes_changed`), and removing a note drops it too."""
+
+    __slots__ = ("generation", "terms", "texts")
 
     def __init__(self) -> None:
         self.terms: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.texts: dict[int, tuple[MemoryNote, str]] = {}
         self.generation = _NUMBERING.generation
+
+    def notes_changed(self, notes: Iterable[Any]) -> None:
+        """Forgets the texts read of ``notes`` (changed in place or removed)."""
+        for note in notes:
+            self.texts.pop(id(note), None)
+
+    def text_of(self, note: MemoryNote) -> str:
+        """:func:`note_text` of ``note``, read once while the note is not declared changed."""
+        held = self.texts.get(id(note))
+        if held is not None and held[0] is note:
+            return held[1]
+        text = note_text(note)
+        self.texts[id(note)] = (note, text)
+        return text
 
     def __len__(self) -> int:
         return len(self.terms)
@@ -455,7 +478,14 @@ def remember_note_terms(memory: Any, notes: Iterable[MemoryNote]) -> None:
     if store.generation != _NUMBERING.generation:
         store.terms, store.generation = {}, _NUMBERING.generation
     held = store.terms
-    texts = [t for t in dict.fromkeys(map(note_text, items)) if t not in held]
+    texts = [t for t in dict.fromkeys(map(store.text_of, items)) if t not in held]
+    cluster = getattr(memory, "cluster", memory)
+    size = len(cluster) if hasattr(cluster, "__len__") else 0
+    notes_now = getattr(cluster, "notes", None)
+    if len(store.texts) > 2 * size + 1024 and callable(notes_now):  # notes gone (or a
+        # failed write's): keep the memory's and these
+        keep = {id(n) for n in notes_now()} | set(map(id, items))
+        store.texts = {k: v for k, v in store.texts.items() if k in keep}
     if not texts:
         return
     with _NUMBERING.lock:
@@ -463,12 +493,9 @@ def remember_note_terms(memory: Any, notes: Iterable[MemoryNote]) -> None:
         tid, text_of = _read_texts(ids, texts, np.arange(len(texts), dtype=np.int64))
     read = _counted(tid, text_of, len(texts))
     terms = store.terms if store.generation == generation else {}
-    cluster = getattr(memory, "cluster", memory)
-    size = len(cluster) if hasattr(cluster, "__len__") else 0
     if len(terms) + len(texts) > 2 * size + 1024:  # texts of notes gone: keep the memory's
-        notes_now = getattr(cluster, "notes", None)
         if callable(notes_now):
-            current = set(map(note_text, notes_now()))
+            current = set(map(store.text_of, notes_now()))
             terms = {t: v for t, v in terms.items() if t in current}
     terms.update(zip(texts, read))
     store.terms, store.generation = terms, generation
@@ -569,6 +596,29 @@ def _merged(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
     return tid[order], text[order]
 
 
+def _note_texts(
+    notes: Sequence[MemoryNote], stores: Sequence[NoteTerms | None] | None
+) -> list[str]:
+    """:func:`note_text` of each note, the texts each note's store has read taken from it
+    (:attr:`NoteTerms.texts`); each store then holds the texts of its notes here only."""
+    if stores is None:
+        return list(map(note_text, notes))
+    out: list[str] = []
+    kept: dict[int, dict[int, tuple[MemoryNote, str]]] = {}
+    for note, store in zip(notes, stores):
+        if store is None:
+            out.append(note_text(note))
+            continue
+        held = store.texts.get(id(note))
+        text = held[1] if held is not None and held[0] is note else note_text(note)
+        out.append(text)
+        kept.setdefault(id(store), {})[id(note)] = (note, text)
+    for store in stores:
+        if store is not None and id(store) in kept:
+            store.texts = kept.pop(id(store))
+    return out
+
+
 def _note_cells(
     notes: Sequence[MemoryNote], stores: Sequence[NoteTerms | None] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, _TermIds]:
@@ -582,7 +632,7 @@ def _note_cells(
     there, and each store then keeps the texts of its notes here only (what this build
     indexed)."""
     position: dict[str, int] = {}
-    text_of_note = [position.setdefault(note_text(n), len(position)) for n in notes]
+    text_of_note = [position.setdefault(t, len(position)) for t in _note_texts(notes, stores)]
     texts = list(position)
     known: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(texts)
     with _NUMBERING.lock:
@@ -751,6 +801,9 @@ def _term_major(weights: Tensor) -> Tensor:
     )
 
 
+_ID = operator.attrgetter("id")
+
+
 def _notes_of(memory: MemorySource) -> list[Any] | None:
     cluster = getattr(memory, "cluster", memory)
     notes = getattr(cluster, "notes", None)
@@ -782,10 +835,14 @@ def text_indexes(
         notes = _notes_of(memory)
         if notes is None or len(notes) != int(graph.num_nodes):
             continue  # not cached: another caller may pass the memory with its notes
-        by_id = {n.id: n for n in notes}
-        ordered = [by_id.get(i) for i in graph.ids]
-        if any(n is None for n in ordered):
-            continue
+        ids = graph.ids
+        if all(map(operator.is_, map(_ID, notes), ids)):
+            ordered = notes  # the snapshot's own notes, in its order (its ids are theirs)
+        else:
+            by_id = {n.id: n for n in notes}
+            ordered = [by_id.get(i) for i in ids]
+            if any(n is None for n in ordered):
+                continue
         todo[id(graph)] = (graph, ordered, memory)
     by_device: dict[Any, list[tuple[Any, list[Any], Any]]] = {}
     for entry in todo.values():

@@ -648,6 +648,7 @@ class MemoryCluster:
             self._in.pop(id, None)
             del self._nodes[id]
             self._changed.add(id)
+            self._tell_kept((item.note,))
             self._index = None
             if item.embedding is not None:
                 self._num_embedded -= 1
@@ -776,6 +777,7 @@ class MemoryCluster:
                     f"id: note {id} now reports id {note.id}; remove it and add it again instead"
                 )
             self._changed.add(id)
+            self._tell_kept((note,))
             wanted: dict[LinkId, MemoryLink] = {}
             for link in note.mem_links:
                 wanted.setdefault(link.id, link)
@@ -839,12 +841,22 @@ class MemoryCluster:
         """A value kept across versions of the cluster: ``make()`` on the first call for
         ``key``, the same object after it, whatever changes. For caches that check their own
         validity (content-addressed ones: e.g. the text channel's terms of each note text,
-        looked up by the text itself), so a change re-derives only what changed."""
+        looked up by the text itself), so a change re-derives only what changed.
+
+        A kept value with a ``notes_changed(notes)`` method is told of every note removed or
+        declared changed in place (:meth:`mark_changed`), with the note objects, so a cache by
+        note (the text channel's text of each note) can drop what it read of them."""
         with self._lock:
             value = self._kept.get(key)
             if value is None:
                 value = self._kept[key] = make()
             return value
+
+    def _tell_kept(self, notes: tuple[MemoryNote, ...]) -> None:
+        for value in self._kept.values():
+            tell = getattr(value, "notes_changed", None)
+            if tell is not None:
+                tell(notes)
 
     def cached(self, key: Hashable) -> Any:
         """What :meth:`derived` holds for ``key`` at the current version, or ``None`` (nothing

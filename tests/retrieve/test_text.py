@@ -401,3 +401,52 @@ def test_first_appearance_numbers_keys_as_unique_ranked_by_first_index(seed: int
     rank[np.argsort(first)] = np.arange(len(first))
     assert np.array_equal(column, rank[inverse.reshape(-1)])
     assert np.array_equal(np.flatnonzero(is_first), np.sort(first))
+
+
+def test_a_notes_text_is_walked_once_until_it_is_declared_changed(monkeypatch) -> None:
+    """The text of each note is read off its fields on write and kept by the note object
+    (``NoteTerms.texts``): an ask walks no note; a note changed in place and declared so
+    (``mark_changed``), or removed and added again after a change, is read anew — the index
+    then holds its new words, as a memory built from scratch does."""
+    from soulmem_torch import SoulMem
+    from soulmem_torch.model import MemoryNote, SemMemory
+    from soulmem_torch.retrieve import text
+
+    def sem(content: str, description: str) -> MemoryNote:
+        return MemoryNote.build(
+            SemMemory(content=content, aliases=[], concept_type="Entity", description=description)
+        )
+
+    notes = [sem("harbour", "boats in the harbour"), sem("orchard", "apple trees")]
+    notes += [sem(f"thing {i}", f"plain words {i}") for i in range(5)]
+    mem = SoulMem()
+    mem.add_notes(notes)
+    walked: list[str] = []
+    real = text.note_text
+
+    def counting(note):
+        walked.append(note.mem_type.content)
+        return real(note)
+
+    monkeypatch.setattr(text, "note_text", counting)
+
+    def index_terms():
+        graph = mem.working_memory.graph()
+        return set(text.text_index(graph, mem).term_names())
+
+    assert "zebra" not in index_terms() and walked == []  # read on write, kept
+    cluster = mem.working_memory.cluster
+    notes[0].mem_type.description = "a zebra on the quay"
+    cluster.mark_changed(notes[0].id)
+    assert "zebra" in index_terms() and "boat" not in index_terms()
+    assert walked == ["harbour"]  # only the note declared changed
+    walked.clear()
+    cluster.remove_note(notes[1].id)
+    notes[1].mem_type.description = "pear xylophone"
+    mem.add_notes([notes[1]])
+    got = index_terms()
+    assert {"pear", "xylophon"} <= got and "appl" not in got and walked == ["orchard"]
+    fresh = SoulMem()
+    fresh.add_notes(notes)
+    assert set(text.text_index(fresh.working_memory.graph(), fresh).term_names()) == got
+    assert mem.ask("zebra quay")[0].association[0][0] == notes[0].id
