@@ -1006,6 +1006,115 @@ def candidate_query_terms(
             )  # fmt: skip
     if term_major is None:
         return None
+    lookup = extras.get(_TERM_LOOKUP)
+    if lookup is None:
+        lookup = extras[_TERM_LOOKUP] = _term_lookup(used, indices, term_base)
+    if lookup:
+        row, col, first = _looked_up(lookup, owners, queries, note_base)
+    else:
+        row, col, first = _columns_per_memory(indices, owners, queries, term_base, note_base)
+    query_terms = torch.sparse_coo_tensor(
+        torch.from_numpy(np.stack([row, col])),
+        torch.ones(int(row.size), dtype=torch.float64),
+        (b, terms),
+        is_coalesced=True,  # rows in order, each row's terms sorted and distinct
+        check_invariants=False,
+    ).to(device)
+    first_note = torch.tensor(first, dtype=torch.int64, device=device)
+    return CandidateTerms(
+        query_terms, term_major, first_note, term_start, term_base, indices, extras
+    )
+
+
+_TERM_LOOKUP = ("term lookup",)  # (the key in a layout's extras: its masks are frozensets)
+
+
+def _term_lookup(
+    used: Sequence[int],
+    indices: Mapping[int, TextIndex | None] | Sequence[TextIndex | None],
+    term_base: dict[int, int],
+) -> tuple[Any, dict[int, int], np.ndarray, np.ndarray] | tuple[()]:
+    """Every term column of a layout by ``(memory, term id)``: ``(numbering, rank of each
+    memory, sorted keys rank · 2^32 + term id, the layout column of each)`` — one
+    ``searchsorted`` then finds every query's columns in its own memory. ``()`` when an index
+    holds no term ids or two hold ids of different numberings (looked up memory by memory)."""
+    numbering = None
+    rank: dict[int, int] = {}
+    keys, cols = [], []
+    for p in used:
+        index = indices[p] if p >= 0 else None
+        if p not in term_base or index is None:
+            continue
+        terms = index._terms  # (the columns' term ids, read in place)
+        if terms is None or (numbering is not None and index._numbering is not numbering):
+            return ()
+        numbering = index._numbering
+        r = rank[p] = len(rank)
+        keys.append(terms.astype(np.int64) + (r << 32))
+        cols.append(np.arange(term_base[p], term_base[p] + len(terms), dtype=np.int64))
+    if numbering is None:
+        return ()
+    key = np.concatenate(keys)
+    order = np.argsort(key, kind="stable")
+    return numbering, rank, key[order], np.concatenate(cols)[order]
+
+
+def _looked_up(
+    lookup: tuple[Any, dict[int, int], np.ndarray, np.ndarray],
+    owners: Sequence[int],
+    queries: Sequence[Any],
+    note_base: dict[int, int],
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """``(row, column, first note of each query)``: the known terms of each query's strings
+    in its own memory, by one ``searchsorted`` over :func:`_term_lookup`'s keys (rows in
+    order, each row's columns sorted and distinct). The per-query Python left is reading a
+    query's strings into term ids, once per distinct strings."""
+    numbering, rank, keys, columns = lookup
+    get = numbering.of_term.get  # (numbers nothing)
+    ids_of: dict[tuple[str, ...], list[int]] = {}
+    per_query: list[list[int]] = []
+    ranks: list[int] = []
+    first: list[int] = []
+    for q, p in zip(queries, owners):
+        r = rank.get(p)
+        if r is None:
+            per_query.append([])
+            ranks.append(0)
+            first.append(0)
+            continue
+        strings = tuple(dict.fromkeys(query_strings(q)))
+        ids = ids_of.get(strings)
+        if ids is None:
+            found = set(map(get, (t for s in strings for t in _terms(s))))
+            found.discard(None)
+            ids = ids_of[strings] = list(found)  # type: ignore[arg-type]
+        per_query.append(ids)
+        ranks.append(r)
+        first.append(note_base[p])
+    count = np.fromiter(map(len, per_query), np.int64, len(per_query))
+    row = np.repeat(np.arange(len(per_query), dtype=np.int64), count)
+    if not len(row) or not len(keys):
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, first
+    tid = np.fromiter(itertools.chain.from_iterable(per_query), np.int64, len(row))
+    want = tid + (np.asarray(ranks, dtype=np.int64)[row] << 32)
+    at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+    hit = keys[at] == want
+    row, col = row[hit], columns[at[hit]]
+    order = np.lexsort((col, row))  # (a query's terms are distinct: so are its columns)
+    return row[order], col[order], first
+
+
+def _columns_per_memory(
+    indices: Mapping[int, TextIndex | None] | Sequence[TextIndex | None],
+    owners: Sequence[int],
+    queries: Sequence[Any],
+    term_base: dict[int, int],
+    note_base: dict[int, int],
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """What :func:`_looked_up` gives, each query looked up in its memory's own index
+    (:meth:`TextIndex.term_ids`): for a layout :func:`_term_lookup` cannot key."""
+    b = len(queries)
     counts = [0] * b
     cols: list[int] = []
     first = [0] * b
@@ -1028,17 +1137,7 @@ def candidate_query_terms(
     base_of = np.asarray([term_base.get(p, 0) for p in owners], dtype=np.int64)
     col = np.asarray(cols, dtype=np.int64) + np.repeat(base_of, count)
     row = np.repeat(np.arange(b, dtype=np.int64), count)
-    query_terms = torch.sparse_coo_tensor(
-        torch.from_numpy(np.stack([row, col])),
-        torch.ones(int(row.size), dtype=torch.float64),
-        (b, terms),
-        is_coalesced=True,  # rows in order, each row's terms sorted and distinct
-        check_invariants=False,
-    ).to(device)
-    first_note = torch.tensor(first, dtype=torch.int64, device=device)
-    return CandidateTerms(
-        query_terms, term_major, first_note, term_start, term_base, indices, extras
-    )
+    return row, col, first
 
 
 def _text_layout(

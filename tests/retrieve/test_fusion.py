@@ -378,6 +378,22 @@ def test_candidate_text_scores_equal_each_memory_alone() -> None:
     assert torch.equal(again, candidate_text_scores(changed, [3, 3], queries[:2], 4, device=cpu))
     assert not torch.equal(again, fewer)
 
+    # the queries' terms found by one lookup over the layout's (memory, term id) keys, or
+    # memory by memory for indexes that hold a vocab only: the same terms, the same bits
+    from soulmem_torch.retrieve.text import _TERM_LOOKUP, TextIndex, candidate_query_terms
+
+    vocab_only = [
+        None if i is None else TextIndex(dict(i.vocab), i.weights, i.term_major) for i in indices
+    ]
+    assert torch.equal(candidate_text_scores(vocab_only, owners, queries, 4, device=cpu), got)
+    many = owners * 7  # repeated strings, in several memories
+    by_ids = candidate_query_terms(indices, many, queries * 7, 4, device=cpu, cache={})
+    by_vocab = candidate_query_terms(vocab_only, many, queries * 7, 4, device=cpu, cache={})
+    assert by_ids.extras[_TERM_LOOKUP] and by_vocab.extras[_TERM_LOOKUP] == ()
+    assert torch.equal(by_ids.query_terms.indices(), by_vocab.query_terms.indices())
+    assert torch.equal(by_ids.first_note, by_vocab.first_note)
+    assert by_ids.query_terms._nnz() > 0
+
 
 def test_rank_fusion_weights_and_dispersion() -> None:
     from soulmem_torch.functional.fusion import family_weights, score_dispersion
