@@ -298,15 +298,10 @@ def _normalized_table(
 def _normalized_cells(x: SparseRows, keep: Tensor | None) -> SparseRows:
     """``SparseRows.from_dense(normalize_rows(x.to_dense()) * keep)`` without the dense copy
     of the result: each row's norm taken, as :func:`normalize_rows` takes it, over its dense
-    row (a block of rows at a time), then the cells divided by it (the same quotients), rows
-    not kept and quotients that are zero left out (what ``from_dense`` drops)."""
-    p, d = int(x.shape[0]), int(x.shape[1])
-    step = max(1, (1 << 22) // max(d, 1))
-    norms = []
-    for lo in range(0, p, step):
-        raw = x.narrow(lo, min(lo + step, p)).to_dense()
-        norms.append(torch.linalg.vector_norm(raw, dim=-1))
-    norm = torch.cat(norms) if norms else x.val.new_zeros(0)
+    row (:meth:`SparseRows.row_norms`: a block of rows at a time), then the cells divided by
+    it (the same quotients), rows not kept and quotients that are zero left out (what
+    ``from_dense`` drops)."""
+    norm = x.row_norms()
     return x.divide_rows(torch.where(norm > 0, norm, torch.ones_like(norm)), keep=keep)
 
 

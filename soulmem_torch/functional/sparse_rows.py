@@ -172,8 +172,32 @@ class SparseRows:
             raise ValidationError(f"out: expected shape ({p}, {d}), found {tuple(out.shape)}")
         if self.nnz:
             lo, hi, rows = self._cell_rows()
-            out[rows, self.col[lo:hi].to(torch.int64)] = self.val[lo:hi].to(out.dtype)
+            cols, val = self.col[lo:hi].to(torch.int64), self.val[lo:hi].to(out.dtype)
+            if out.is_contiguous():  # one flat index: ~2x faster than a (row, column) pair
+                out.view(-1).index_put_((rows * d + cols,), val)
+            else:
+                out[rows, cols] = val
         return out
+
+    def row_norms(self) -> Tensor:
+        """(P,) each row's L2 norm, as ``torch.linalg.vector_norm`` takes it over the dense row
+        (the same bits): ~4M cells of rows at a time written into one reused zeroed buffer,
+        normed, and their cells zeroed again (the buffer is never cleared whole, nor
+        allocated again per block)."""
+        p, d = self.shape
+        if p == 0 or d == 0:
+            return self.val.new_zeros(p)
+        step = max(1, (1 << 22) // d)
+        buf = self.val.new_zeros(min(step, p) * d)
+        norms = []
+        for lo in range(0, p, step):
+            block = self.narrow(lo, min(lo + step, p))
+            first, last, rows = block._cell_rows()
+            flat = rows * d + block.col[first:last].to(torch.int64)
+            buf.index_put_((flat,), block.val[first:last])
+            norms.append(torch.linalg.vector_norm(buf[: len(block) * d].view(-1, d), dim=-1))
+            buf.index_fill_(0, flat, 0.0)
+        return torch.cat(norms)
 
     def _cell_rows(self) -> tuple[int, int, Tensor]:
         """``(lo, hi, row)``: the cells are ``col[lo:hi]`` / ``val[lo:hi]`` (a narrowed table's
@@ -194,11 +218,20 @@ class SparseRows:
                 f"divisor / keep: expected shape ({p},), found {tuple(divisor.shape)} / "
                 f"{None if keep is None else tuple(keep.shape)}"
             )
-        lo, hi, row = self._cell_rows()
-        val = self.val[lo:hi] / divisor.to(self.val.dtype)[row]
+        lo, hi = int(self.crow[0]), int(self.crow[-1])
+        lengths = (self.crow[1:] - self.crow[:-1]).to(torch.int64)
+
+        def per_cell(x: Tensor) -> Tensor:  # each row's value, once per cell of the row
+            return torch.repeat_interleave(x, lengths, output_size=hi - lo)
+
+        val = self.val[lo:hi] / per_cell(divisor.to(self.val.dtype))
         if keep is not None:
-            val *= keep[row]
+            val *= per_cell(keep)
         nonzero = val != 0  # (a zero quotient, a row not kept: what from_dense drops)
+        if bool(nonzero.all()):  # (the common case: every cell stays, in its place)
+            crow = self.crow - lo if lo else self.crow
+            return SparseRows(crow, self.col[lo:hi], val, self.width)
+        row = per_cell(torch.arange(p, device=self.device))
         counts = torch.zeros(p, dtype=torch.int64, device=self.device)
         counts.index_add_(0, row, nonzero.to(torch.int64))
         crow = counts.new_zeros(p + 1)

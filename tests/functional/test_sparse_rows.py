@@ -219,3 +219,42 @@ def test_divide_rows_checks_its_shapes() -> None:
         table.divide_rows(torch.ones(6), keep=torch.ones(4, dtype=torch.bool))
     with pytest.raises(ValidationError, match="out"):
         table.write_dense(torch.zeros(5, 16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_norms_and_dense_copies_are_the_references_bit_for_bit(dtype) -> None:
+    """``row_norms`` (one reused buffer, its cells zeroed after each block) equals
+    ``torch.linalg.vector_norm`` of the dense rows — over several blocks, on a narrowed
+    table (cells not starting at 0), for all-zero rows and an empty table — and
+    ``write_dense`` fills a contiguous and a strided buffer alike."""
+    p, d = 9000, 512  # (more rows than one block of 2^22 cells)
+    dense = _sparse_table(p, d, 12, seed=5, dtype=dtype)
+    table = SparseRows.from_dense(dense)
+    want = torch.linalg.vector_norm(dense, dim=-1)
+    got = table.row_norms()
+    assert got.dtype == dtype and torch.equal(got, want)
+    assert got[0] == 0 and got[3] == 0
+    assert torch.equal(table.row_norms(), want)  # (nothing left behind in a buffer)
+    part = table.narrow(4100, 8500)
+    assert torch.equal(part.row_norms(), want[4100:8500])
+    assert torch.equal(part.to_dense(), dense[4100:8500])
+    assert torch.equal(table.narrow(7, 7).row_norms(), want[:0])
+    strided = torch.zeros(d, 4400, dtype=dtype).T  # (a transposed view: not contiguous)
+    assert torch.equal(part.write_dense(strided), dense[4100:8500])
+
+
+def test_divide_rows_keeps_every_cell_in_place_when_none_comes_out_zero() -> None:
+    """Without a zero quotient or a row left out, ``divide_rows`` keeps the cells where
+    they are (a narrowed table's too): the same table as ``from_dense`` of the dense
+    quotients; with rows left out, those rows' cells go."""
+    dense = _sparse_table(50, 64, 5, seed=3)
+    part = SparseRows.from_dense(dense).narrow(10, 40)  # (its cells do not start at 0)
+    divisor = torch.linspace(0.5, 3.0, 30)
+    got = part.divide_rows(divisor)
+    ref = SparseRows.from_dense(dense[10:40] / divisor.unsqueeze(1))
+    assert torch.equal(got.crow, ref.crow) and torch.equal(got.val, ref.val)
+    assert torch.equal(got.col.to(torch.int64), ref.col.to(torch.int64))
+    keep = torch.arange(30) % 3 != 0
+    got = part.divide_rows(divisor, keep=keep)
+    ref = SparseRows.from_dense(dense[10:40] / divisor.unsqueeze(1) * keep.unsqueeze(1))
+    assert torch.equal(got.crow, ref.crow) and torch.equal(got.val, ref.val)
