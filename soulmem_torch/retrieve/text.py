@@ -416,15 +416,17 @@ class NoteTerms:
     the library makes goes through, as the snapshot's own rebuild needs); the cluster then
     tells its kept values (:meth:`notes_changed`), and removing a note drops it too."""
 
-    __slots__ = ("generation", "terms", "texts")
+    __slots__ = ("changes", "generation", "terms", "texts")
 
     def __init__(self) -> None:
         self.terms: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.texts: dict[int, tuple[MemoryNote, str]] = {}
         self.generation = _NUMBERING.generation
+        self.changes = 0  # notes declared changed so far: a text read before one is not kept
 
     def notes_changed(self, notes: Iterable[Any]) -> None:
         """Forgets the texts read of ``notes`` (changed in place or removed)."""
+        self.changes += 1
         for note in notes:
             self.texts.pop(id(note), None)
 
@@ -433,8 +435,10 @@ class NoteTerms:
         held = self.texts.get(id(note))
         if held is not None and held[0] is note:
             return held[1]
+        before = self.changes
         text = note_text(note)
-        self.texts[id(note)] = (note, text)
+        if self.changes == before:  # (not kept when a change was declared meanwhile)
+            self.texts[id(note)] = (note, text)
         return text
 
     def __len__(self) -> int:
@@ -605,6 +609,7 @@ def _note_texts(
         return list(map(note_text, notes))
     out: list[str] = []
     kept: dict[int, dict[int, tuple[MemoryNote, str]]] = {}
+    changes = {id(s): s.changes for s in stores if s is not None}
     for note, store in zip(notes, stores):
         if store is None:
             out.append(note_text(note))
@@ -615,7 +620,9 @@ def _note_texts(
         kept.setdefault(id(store), {})[id(note)] = (note, text)
     for store in stores:
         if store is not None and id(store) in kept:
-            store.texts = kept.pop(id(store))
+            texts = kept.pop(id(store))
+            if store.changes == changes[id(store)]:  # (else a note changed meanwhile)
+                store.texts = texts
     return out
 
 

@@ -450,3 +450,33 @@ def test_a_notes_text_is_walked_once_until_it_is_declared_changed(monkeypatch) -
     fresh.add_notes(notes)
     assert set(text.text_index(fresh.working_memory.graph(), fresh).term_names()) == got
     assert mem.ask("zebra quay")[0].association[0][0] == notes[0].id
+
+
+def test_a_text_read_while_a_change_is_declared_is_not_kept(monkeypatch) -> None:
+    """A note declared changed while texts are being read (another thread's
+    ``mark_changed``): the texts of that read are not kept (the next read walks the notes
+    again), by the index build and by ``NoteTerms.text_of`` alike."""
+    from soulmem_torch.retrieve import text
+    from soulmem_torch.retrieve.text import NoteTerms
+
+    notes = _mixed_notes()[:6]
+    store = NoteTerms()
+    real = text.note_text
+
+    def declaring(note):  # a change declared in the middle of the read
+        if note is notes[2]:
+            store.notes_changed([notes[0]])
+        return real(note)
+
+    monkeypatch.setattr(text, "note_text", declaring)
+    cpu = torch.device("cpu")
+    _same_index(
+        build_text_indexes([notes], device=cpu, stores=[store])[0],
+        build_text_index(notes, device=cpu),
+    )
+    assert store.texts == {}
+    assert store.text_of(notes[2]) == real(notes[2]) and store.texts == {}
+    assert store.text_of(notes[1]) == real(notes[1]) and list(store.texts) == [id(notes[1])]
+    monkeypatch.setattr(text, "note_text", real)
+    build_text_indexes([notes], device=cpu, stores=[store])
+    assert set(store.texts) == {id(n) for n in notes}
