@@ -60,9 +60,11 @@ return objects whose ``rowptr`` and id maps are not updated: rebuild with :meth:
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import operator
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -556,78 +558,111 @@ class MemoryGraph(Data):
         return cluster.derived(("graph", dev), lambda: base.to(dev))
 
     @classmethod
+    def of_many(cls, clusters: Sequence[MemoryCluster]) -> list[MemoryGraph]:
+        """:meth:`of` (CPU) of each cluster, the snapshots not cached yet built in one pass
+        (:meth:`from_clusters`) and cached as :meth:`of` caches them."""
+        cpu = torch.device("cpu")
+        key = ("graph", cpu)
+        todo = list({id(c): c for c in clusters if c.cached(key) is None}.values())
+        if len(todo) > 1:
+            for cluster, graph in zip(todo, cls.from_clusters(todo)):
+                # (kept only when the cluster has not changed since it was read)
+                cluster.derived(
+                    key,
+                    lambda c=cluster, g=graph: g if g.version == c.version else cls.from_cluster(c),
+                )
+        return [cls.of(c, cpu) for c in clusters]
+
+    @classmethod
     def from_cluster(cls, cluster: MemoryCluster) -> MemoryGraph:
         """Snapshot of a cluster (on the CPU). Prefer :meth:`of`, which caches it.
 
         Node ``i`` is ``cluster.ids()[i]``; edges are ``cluster.links()`` stably sorted by
-        source index.
+        source index. :meth:`from_clusters` of one cluster.
         """
-        version = cluster.version
-        items = list(cluster)
-        links = cluster.links()
-        ids = [item.note.id for item in items]
-        index_of = {mid: i for i, mid in enumerate(ids)}
-        node_type = torch.tensor([_NODE_CODES[item.note.kind] for item in items], dtype=_I64)
-        create_ns = torch.tensor(
-            [item.note.create_time.ns_since_epoch for item in items], dtype=_I64
-        )
-        counts = torch.tensor([item.note.retrieval_count for item in items], dtype=_I64)
+        return cls.from_clusters([cluster])[0]
 
-        # the links' columns by comprehensions (no per-link Python statements); a bad link is
-        # found and named by the loop of _bad_link
+    @classmethod
+    def from_clusters(cls, clusters: Sequence[MemoryCluster]) -> list[MemoryGraph]:
+        """:meth:`from_cluster` of each cluster (CPU), the same graphs: every cluster's columns
+        read off its notes and links, then each column of all of them made one tensor and
+        checked once (a bank's first question to many new agents builds its snapshots in one
+        pass); each graph then holds its own rows of them. A value a check refuses (a
+        negative intensity, a confidence above 1, …) is found and named by building each
+        cluster on its own (:meth:`from_tensors`' errors)."""
+        columns = [_cluster_columns(c) for c in clusters]
+        if not columns:
+            return []
+        sizes = [len(c.ids) for c in columns]
+        edges = [len(c.src) for c in columns]
+        node_type = torch.tensor([k for c in columns for k in c.node_type], dtype=_I64)
+        create_ns = torch.tensor([t for c in columns for t in c.create_ns], dtype=_I64)
+        counts = torch.tensor([k for c in columns for k in c.counts], dtype=_I64)
+        kind = torch.tensor([k for c in columns for k in c.kind], dtype=_I64)
+        intensity = torch.tensor([x for c in columns for x in c.intensity], dtype=_F64)
+        confidence = torch.tensor([x for c in columns for x in c.confidence], dtype=_F32)
+        prob = torch.tensor([x for c in columns for x in c.prob], dtype=_F64)
         try:
-            src = list(map(index_of.__getitem__, [link.from_ for link in links]))
-            dst = list(map(index_of.__getitem__, [link.to for link in links]))
-        except KeyError:
-            _bad_link(links, index_of)
-            raise  # pragma: no cover - _bad_link raises
-        types = [link.link_type for link in links]
-        kind = list(map(_LINK_CODES.get, map(type, types)))
-        if None in kind:
-            _bad_link(links, index_of)
-        intensity = [link.intensity for link in links]
-        confidence = [lt.confidence if code == LINK_SEM else 0.0 for lt, code in zip(types, kind)]
-        prob = [lt.prob if code == LINK_PROC else 0.0 for lt, code in zip(types, kind)]
-        num_edges = len(links)
-        edge_index = torch.tensor([src, dst], dtype=_I64).reshape(2, num_edges)
-
-        embeddings = [item.embedding for item in items]
-        tag_emb = tag_mask = field_rows = field_pos = None
-        sparse = None
-        if any(e is not None for e in embeddings):
-            dim = cluster.embedding_dim or next(e.dim for e in embeddings if e is not None)
-            sparse = stack_sparse_tables(embeddings, dim)
-            if sparse is None:
-                tag_emb, tag_mask, field_rows, field_pos = stack_compact_field_embeddings(
-                    embeddings, dim
-                )
-
-        graph = cls.from_tensors(
-            edge_index,
-            num_nodes=len(items),
-            edge_kind=torch.tensor(kind, dtype=_I64),
-            node_type=node_type,
-            intensity=torch.tensor(intensity, dtype=_F64),
-            confidence=torch.tensor(confidence, dtype=_F32),
-            prob=torch.tensor(prob, dtype=_F64),
-            tag_emb=tag_emb,
-            tag_mask=tag_mask,
-            field_rows=field_rows,
-            field_pos=field_pos,
-            create_time_ns=create_ns,
-            retrieval_count=counts,
-            ids=ids,
-            link_ids=[link.id for link in links],
-            version=version,
-            check_finite=tag_emb is None,  # the stacking checked the tables
+            _check_range("intensity", intensity, "edge")
+            _check_range("confidence", confidence, "edge", high=1.0)
+            _check_range("prob", prob, "edge", high=1.0)
+            _first_bad("retrieval_count", counts < 0, counts, "node", "values >= 0")
+        except ValidationError:
+            for c in columns:  # the first cluster with the value raises, naming it
+                _checked_graph(c)
+            raise  # pragma: no cover - a bulk check and a cluster's own agree
+        # each cluster's edges in CSR order (a stable sort by source, per cluster: by the
+        # source's row in all the clusters' nodes) and each node's first edge
+        node_base = torch.tensor([0, *itertools.accumulate(sizes)], dtype=_I64)
+        edge_base = [0, *itertools.accumulate(edges)]
+        src = torch.tensor([i for c in columns for i in c.src], dtype=_I64)
+        dst = torch.tensor([i for c in columns for i in c.dst], dtype=_I64)
+        owner = torch.repeat_interleave(
+            torch.arange(len(columns), dtype=_I64), torch.tensor(edges, dtype=_I64)
         )
-        graph._m.shared.index_of = index_of
-        if sparse is not None:  # held sparse; the notes read their vectors from these tables
-            graph._set_compact(*sparse)
-            cluster.share_vectors(version, ids, sparse[0], sparse[2], sparse[3])
-        elif tag_emb is not None:  # the notes' vectors become views of the snapshot's tables
-            cluster.share_vectors(version, ids, graph.tag_emb, graph.field_rows, graph.field_pos)
-        return graph
+        key = src + node_base[owner]
+        moved: set[int] = set()
+        if key.numel() > 1 and bool((key[1:] < key[:-1]).any()):
+            perm = torch.sort(key, stable=True).indices
+            moved = set(torch.unique(owner[perm != torch.arange(key.numel())]).tolist())
+            src, dst, key = src[perm], dst[perm], key[perm]
+            kind, intensity = kind[perm], intensity[perm]
+            confidence, prob = confidence[perm], prob[perm]
+        else:
+            perm = None
+        is_sem_edge, is_proc_edge = kind == LINK_SEM, kind == LINK_PROC
+        confidence = torch.where(is_sem_edge, confidence, 0.0)
+        prob = torch.where(is_proc_edge, prob, 0.0)
+        rowptr = torch.zeros(int(node_base[-1]) + 1, dtype=_I64)
+        torch.cumsum(torch.bincount(key, minlength=int(node_base[-1])), 0, out=rowptr[1:])
+        out = []
+        bases = node_base.tolist()
+        for a, c in enumerate(columns):
+            n0, n1, e0, e1 = bases[a], bases[a + 1], edge_base[a], edge_base[a + 1]
+            link_ids = c.link_ids
+            if a in moved:  # (perm's entries for this cluster, local)
+                link_ids = [link_ids[i - e0] for i in perm[e0:e1].tolist()]  # type: ignore[index]
+            graph = cls._assemble(
+                edge_index=torch.stack([src[e0:e1], dst[e0:e1]]),
+                rowptr=rowptr[n0 : n1 + 1] - rowptr[n0],
+                edge_kind=kind[e0:e1].clone(),
+                intensity=intensity[e0:e1].clone(),
+                confidence=confidence[e0:e1].clone(),
+                prob=prob[e0:e1].clone(),
+                node_type=node_type[n0:n1].clone(),
+                create_time_ns=create_ns[n0:n1].clone(),
+                retrieval_count=counts[n0:n1].clone(),
+                tag_emb=c.tag_emb,
+                tag_mask=c.tag_mask,
+                field_rows=c.field_rows,
+                field_pos=c.field_pos,
+                num_nodes=n1 - n0,
+                ids=c.ids,
+                link_ids=link_ids,
+                version=c.version,
+            )
+            out.append(_finish_cluster_graph(graph, c))
+        return out
 
     @classmethod
     def from_tensors(
@@ -860,7 +895,38 @@ class MemoryGraph(Data):
         counts = torch.bincount(edge_index[0], minlength=n)
         rowptr = torch.zeros(n + 1, dtype=_I64, device=device)
         torch.cumsum(counts, 0, out=rowptr[1:])
+        return cls._assemble(
+            edge_index=edge_index, rowptr=rowptr, edge_kind=edge_kind, intensity=intensity,
+            confidence=confidence, prob=prob, node_type=node_type,
+            create_time_ns=create_time_ns, retrieval_count=retrieval_count, tag_emb=tag_emb,
+            tag_mask=tag_mask, field_rows=field_rows, field_pos=field_pos, num_nodes=n,
+            ids=ids, link_ids=link_ids, version=version,
+        )  # fmt: skip
 
+    @classmethod
+    def _assemble(
+        cls,
+        *,
+        edge_index: Tensor,
+        rowptr: Tensor,
+        edge_kind: Tensor,
+        intensity: Tensor,
+        confidence: Tensor,
+        prob: Tensor,
+        node_type: Tensor,
+        create_time_ns: Tensor,
+        retrieval_count: Tensor,
+        tag_emb: Tensor | None,
+        tag_mask: Tensor | None,
+        field_rows: Tensor | None,
+        field_pos: Tensor | None,
+        num_nodes: int,
+        ids: list[MemoryId] | None,
+        link_ids: list[LinkId] | None,
+        version: int | None,
+    ) -> MemoryGraph:
+        """A graph of checked columns in CSR order (what :meth:`from_tensors` and
+        :meth:`from_clusters` build), without another check."""
         graph = cls()
         graph.edge_index = edge_index.contiguous()
         graph.rowptr = rowptr
@@ -881,7 +947,7 @@ class MemoryGraph(Data):
         if field_rows is not None:
             graph.field_rows = field_rows
             graph.field_pos = field_pos
-        graph.num_nodes = n
+        graph.num_nodes = num_nodes
         graph.__dict__["_meta"] = _GraphMeta(ids=ids, link_ids=link_ids, version=version)
         return graph
 
@@ -894,6 +960,125 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
         bi = b.index if b.index is not None else torch.cuda.current_device()
         return ai == bi
     return True
+
+
+@dataclass(slots=True)
+class _ClusterColumns:
+    """What a snapshot reads off one cluster (:func:`_cluster_columns`): its node and link
+    columns as Python lists in cluster order, and its stacked embedding tables."""
+
+    cluster: Any
+    version: int
+    ids: list[MemoryId]
+    index_of: dict[MemoryId, int]
+    node_type: list[int]
+    create_ns: list[int]
+    counts: list[int]
+    src: list[int]
+    dst: list[int]
+    kind: list[int]
+    intensity: list[float]
+    confidence: list[float]
+    prob: list[float]
+    link_ids: list[LinkId]
+    sparse: tuple[Any, ...] | None
+    tag_emb: Tensor | None
+    tag_mask: Tensor | None
+    field_rows: Tensor | None
+    field_pos: Tensor | None
+
+
+def _cluster_columns(cluster: MemoryCluster) -> _ClusterColumns:
+    """One cluster's columns (node ``i`` = ``cluster.ids()[i]``, links in ``cluster.links()``
+    order), a link to a note outside the cluster or of an unknown type named by
+    :func:`_bad_link`."""
+    version = cluster.version
+    items = list(cluster)
+    links = cluster.links()
+    ids = [item.note.id for item in items]
+    index_of = {mid: i for i, mid in enumerate(ids)}
+    # the links' columns by comprehensions (no per-link Python statements); a bad link is
+    # found and named by the loop of _bad_link
+    try:
+        src = list(map(index_of.__getitem__, [link.from_ for link in links]))
+        dst = list(map(index_of.__getitem__, [link.to for link in links]))
+    except KeyError:
+        _bad_link(links, index_of)
+        raise  # pragma: no cover - _bad_link raises
+    types = [link.link_type for link in links]
+    kind = list(map(_LINK_CODES.get, map(type, types)))
+    if None in kind:
+        _bad_link(links, index_of)
+    embeddings = [item.embedding for item in items]
+    tag_emb = tag_mask = field_rows = field_pos = None
+    sparse = None
+    if any(e is not None for e in embeddings):
+        dim = cluster.embedding_dim or next(e.dim for e in embeddings if e is not None)
+        sparse = stack_sparse_tables(embeddings, dim)
+        if sparse is None:
+            tag_emb, tag_mask, field_rows, field_pos = stack_compact_field_embeddings(
+                embeddings, dim
+            )
+            tag_emb, field_rows = tag_emb.to(_F32), field_rows.to(_F32)
+            field_pos = field_pos.to(torch.int32)
+    return _ClusterColumns(
+        cluster=cluster,
+        version=version,
+        ids=ids,
+        index_of=index_of,
+        node_type=[_NODE_CODES[item.note.kind] for item in items],
+        create_ns=[item.note.create_time.ns_since_epoch for item in items],
+        counts=[item.note.retrieval_count for item in items],
+        src=src,
+        dst=dst,
+        kind=kind,  # type: ignore[arg-type]
+        intensity=[link.intensity for link in links],
+        confidence=[lt.confidence if code == LINK_SEM else 0.0 for lt, code in zip(types, kind)],
+        prob=[lt.prob if code == LINK_PROC else 0.0 for lt, code in zip(types, kind)],
+        link_ids=[link.id for link in links],
+        sparse=sparse,
+        tag_emb=tag_emb,
+        tag_mask=tag_mask,
+        field_rows=field_rows,
+        field_pos=field_pos,
+    )
+
+
+def _checked_graph(c: _ClusterColumns) -> MemoryGraph:
+    """One cluster's snapshot through :meth:`MemoryGraph.from_tensors` (every check, each
+    naming its argument)."""
+    graph = MemoryGraph.from_tensors(
+        torch.tensor([c.src, c.dst], dtype=_I64).reshape(2, len(c.src)),
+        num_nodes=len(c.ids),
+        edge_kind=torch.tensor(c.kind, dtype=_I64),
+        node_type=torch.tensor(c.node_type, dtype=_I64),
+        intensity=torch.tensor(c.intensity, dtype=_F64),
+        confidence=torch.tensor(c.confidence, dtype=_F32),
+        prob=torch.tensor(c.prob, dtype=_F64),
+        tag_emb=c.tag_emb,
+        tag_mask=c.tag_mask,
+        field_rows=c.field_rows,
+        field_pos=c.field_pos,
+        create_time_ns=torch.tensor(c.create_ns, dtype=_I64),
+        retrieval_count=torch.tensor(c.counts, dtype=_I64),
+        ids=c.ids,
+        link_ids=c.link_ids,
+        version=c.version,
+        check_finite=c.tag_emb is None,  # the stacking checked the tables
+    )
+    return _finish_cluster_graph(graph, c)
+
+
+def _finish_cluster_graph(graph: MemoryGraph, c: _ClusterColumns) -> MemoryGraph:
+    """The snapshot's id lookup and tables: the sparse ones held as they are, and the
+    cluster's notes reading their vectors from the snapshot's tables."""
+    graph._m.shared.index_of = c.index_of
+    if c.sparse is not None:  # held sparse; the notes read their vectors from these tables
+        graph._set_compact(*c.sparse)
+        c.cluster.share_vectors(c.version, c.ids, c.sparse[0], c.sparse[2], c.sparse[3])
+    elif c.tag_emb is not None:  # the notes' vectors become views of the snapshot's tables
+        c.cluster.share_vectors(c.version, c.ids, graph.tag_emb, graph.field_rows, graph.field_pos)
+    return graph
 
 
 def _bad_link(links: Sequence[Any], index_of: dict[Any, int]) -> None:

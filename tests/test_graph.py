@@ -403,3 +403,63 @@ def test_from_cluster_names_a_bad_link(monkeypatch) -> None:
     monkeypatch.setattr(cluster, "links", lambda: [*links, odd])
     with pytest.raises(ValidationError, match=f"edge {odd.id} has link_type Unknown"):
         MemoryGraph.from_cluster(cluster)
+
+
+def _embedded_cluster(dim: int) -> MemoryCluster:
+    from soulmem_torch import SoulMem
+    from soulmem_torch.data import sample_memory_path
+    from soulmem_torch.embedding import HashingEmbedder
+    from soulmem_torch.model.soul_tune import load_soul_tune_graph
+
+    mem = SoulMem(embedder=HashingEmbedder(dim=dim))
+    mem.add_notes(load_soul_tune_graph(sample_memory_path()).notes)
+    return mem.working_memory.cluster
+
+
+def _same_graph(a: MemoryGraph, b: MemoryGraph) -> None:
+    for name in ("edge_index", "rowptr", "edge_kind", "intensity", "confidence", "prob",
+                 "node_type", "is_semantic", "is_specific", "is_abstract", "is_procedure",
+                 "create_time_ns", "retrieval_count", "tag_emb", "tag_mask", "field_rows",
+                 "field_pos"):  # fmt: skip
+        x, y = getattr(a, name, None), getattr(b, name, None)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert x.dtype == y.dtype and torch.equal(x, y), name
+    assert a.num_nodes == b.num_nodes and a.version == b.version
+    assert list(a.ids) == list(b.ids) and list(a.link_ids) == list(b.link_ids)
+
+
+def test_from_clusters_builds_each_clusters_own_snapshot(monkeypatch) -> None:
+    """Many clusters' snapshots in one pass are each cluster's own, bit for bit (the route
+    through ``from_tensors``): without embeddings, with sparse and with dense compact tables,
+    empty, with links out of source order (CSR-sorted per cluster, link ids following); a
+    value a check refuses is named as ``from_tensors`` names it; ``of_many`` caches them."""
+    from soulmem_torch import graph as graph_module
+
+    plain, sparse, narrow = _sample_cluster(), _embedded_cluster(1024), _embedded_cluster(16)
+    shuffled = _sample_cluster()
+    links = shuffled.links()
+    monkeypatch.setattr(shuffled, "links", lambda: links[::-1])
+    clusters = [plain, MemoryCluster(), sparse, shuffled, narrow]
+    built = MemoryGraph.from_clusters(clusters)
+    assert isinstance(sparse_graph := built[2], MemoryGraph) and sparse_graph.tag_emb is not None
+    for cluster, graph in zip(clusters, built):
+        want = graph_module._checked_graph(graph_module._cluster_columns(cluster))
+        _same_graph(graph, want)
+    assert built[3].link_ids != [lk.id for lk in links[::-1]]  # (it was sorted)
+    assert MemoryGraph.from_clusters([]) == []
+
+    from types import SimpleNamespace
+
+    bad = SimpleNamespace(**{f: getattr(links[2], f) for f in ("id", "from_", "to", "link_type")},
+                          intensity=-0.5)  # fmt: skip
+    monkeypatch.setattr(shuffled, "links", lambda: [*links[:2], bad, *links[3:]])
+    with pytest.raises(ValidationError, match=r"intensity: expected finite values >= 0.0, "
+                       r"found -0.5 at edge \d+"):  # fmt: skip
+        MemoryGraph.from_clusters([plain, shuffled])
+    monkeypatch.setattr(shuffled, "links", lambda: links)
+
+    fresh = [_sample_cluster(), _sample_cluster()]
+    got = MemoryGraph.of_many([fresh[0], fresh[1], fresh[0]])
+    assert got[0] is got[2] is MemoryGraph.of(fresh[0]) and got[1] is MemoryGraph.of(fresh[1])
+    _same_graph(got[1], MemoryGraph.from_cluster(fresh[1]))

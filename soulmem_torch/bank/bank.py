@@ -342,7 +342,14 @@ class MemoryBank:
             joined.update(new)
             self._dirty = True
         if self._dirty or self._union is None:
+            from soulmem_torch.graph import MemoryGraph
+
             agents, empty = self._agents, _not_asked()
+            # the snapshots not built yet, in one pass (their columns made and checked once)
+            MemoryGraph.of_many(
+                [agents[a].mem.working_memory.cluster for a in order
+                 if a in joined and agents[a].mem is not None]
+            )  # fmt: skip
             snaps = [agents[a].snapshot() if a in joined else empty for a in order]
             old, old_snaps = self._union, self._union_snapshots
             changed = [p for p, s in enumerate(old_snaps) if snaps[p] is not s]
