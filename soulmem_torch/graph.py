@@ -992,9 +992,10 @@ def _cluster_columns(cluster: MemoryCluster) -> _ClusterColumns:
     """One cluster's columns (node ``i`` = ``cluster.ids()[i]``, links in ``cluster.links()``
     order), a link to a note outside the cluster or of an unknown type named by
     :func:`_bad_link`."""
-    version = cluster.version
-    items = list(cluster)
-    links = cluster.links()
+    with cluster.locked():  # (one version's notes and links: no write in between)
+        version = cluster.version
+        items = list(cluster)
+        links = cluster.links()
     ids = [item.note.id for item in items]
     index_of = {mid: i for i, mid in enumerate(ids)}
     # the links' columns by comprehensions (no per-link Python statements); a bad link is

@@ -858,6 +858,12 @@ class MemoryCluster:
             if tell is not None:
                 tell(notes)
 
+    def locked(self) -> threading.RLock:
+        """The cluster's lock, as a context manager: no write changes the cluster while it is
+        held (what a reader of many clusters' notes holds for each, e.g.
+        :meth:`soulmem_torch.graph.MemoryGraph.from_clusters`). Reentrant."""
+        return self._lock
+
     def cached(self, key: Hashable) -> Any:
         """What :meth:`derived` holds for ``key`` at the current version, or ``None`` (nothing
         is built)."""
