@@ -279,9 +279,7 @@ class TextIndex:
         if self._vocab is not None or self._terms is None:
             vocab = self.vocab
             return {vocab[t] for t in terms if t in vocab}
-        get = self._numbering.of_term.get  # type: ignore[union-attr]  # (numbers nothing)
-        found = set(map(get, terms))
-        found.discard(None)
+        found = self._numbering.known(terms)  # type: ignore[union-attr]
         if not found or not len(self._terms):
             return set()
         if self._lookup is None:
@@ -355,6 +353,12 @@ class _TermIds(dict):  # type: ignore[type-arg]
     def term(self, term: str) -> int:
         """The id of a term (a CJK run's bigram or character)."""
         return self.of_term[term]
+
+    def known(self, terms: Iterable[str]) -> set[int]:
+        """The ids of the ``terms`` this numbering holds, each once (numbers nothing)."""
+        found = set(map(self.of_term.get, terms))
+        found.discard(None)
+        return found  # type: ignore[return-value]
 
     def __missing__(self, word: str) -> int:
         term = _WORD_TERMS[word]
@@ -1077,7 +1081,6 @@ def _looked_up(
     order, each row's columns sorted and distinct). The per-query Python left is reading a
     query's strings into term ids, once per distinct strings."""
     numbering, rank, keys, columns = lookup
-    get = numbering.of_term.get  # (numbers nothing)
     ids_of: dict[tuple[str, ...], list[int]] = {}
     per_query: list[list[int]] = []
     ranks: list[int] = []
@@ -1092,9 +1095,7 @@ def _looked_up(
         strings = tuple(dict.fromkeys(query_strings(q)))
         ids = ids_of.get(strings)
         if ids is None:
-            found = set(map(get, (t for s in strings for t in _terms(s))))
-            found.discard(None)
-            ids = ids_of[strings] = list(found)  # type: ignore[arg-type]
+            ids = ids_of[strings] = list(numbering.known(t for s in strings for t in _terms(s)))
         per_query.append(ids)
         ranks.append(r)
         first.append(note_base[p])
