@@ -171,12 +171,12 @@ class SparseRows:
         if tuple(out.shape) != (p, d):
             raise ValidationError(f"out: expected shape ({p}, {d}), found {tuple(out.shape)}")
         if self.nnz:
-            lo, hi, rows = self._cell_rows()
-            cols, val = self.col[lo:hi].to(torch.int64), self.val[lo:hi].to(out.dtype)
             if out.is_contiguous():  # one flat index: ~2x faster than a (row, column) pair
-                out.view(-1).index_put_((rows * d + cols,), val)
+                flat, val = self._flat_cells()
+                out.view(-1).index_put_((flat,), val.to(out.dtype))
             else:
-                out[rows, cols] = val
+                lo, hi, rows = self._cell_rows()
+                out[rows, self.col[lo:hi].to(torch.int64)] = self.val[lo:hi].to(out.dtype)
         return out
 
     def row_norms(self) -> Tensor:
@@ -192,12 +192,16 @@ class SparseRows:
         norms = []
         for lo in range(0, p, step):
             block = self.narrow(lo, min(lo + step, p))
-            first, last, rows = block._cell_rows()
-            flat = rows * d + block.col[first:last].to(torch.int64)
-            buf.index_put_((flat,), block.val[first:last])
+            flat, val = block._flat_cells()
+            buf.index_put_((flat,), val)
             norms.append(torch.linalg.vector_norm(buf[: len(block) * d].view(-1, d), dim=-1))
             buf.index_fill_(0, flat, 0.0)
         return torch.cat(norms)
+
+    def _flat_cells(self) -> tuple[Tensor, Tensor]:
+        """``(position, value)`` of each cell in a row-major ``(P, D)`` buffer (int64)."""
+        lo, hi, rows = self._cell_rows()
+        return rows * self.width + self.col[lo:hi].to(torch.int64), self.val[lo:hi]
 
     def _cell_rows(self) -> tuple[int, int, Tensor]:
         """``(lo, hi, row)``: the cells are ``col[lo:hi]`` / ``val[lo:hi]`` (a narrowed table's
