@@ -345,12 +345,15 @@ class MemoryBank:
             from soulmem_torch.graph import MemoryGraph
 
             agents, empty = self._agents, _not_asked()
-            # the snapshots not built yet, in one pass (their columns made and checked once)
-            MemoryGraph.of_many(
-                [agents[a].mem.working_memory.cluster for a in order
-                 if a in joined and agents[a].mem is not None]
-            )  # fmt: skip
-            snaps = [agents[a].snapshot() if a in joined else empty for a in order]
+            # the note-backed agents' snapshots (``Agent.snapshot``), those not built yet in
+            # one pass (their columns made and checked once)
+            backed = [a for a in order if a in joined and agents[a].mem is not None]
+            graphs = MemoryGraph.of_many([agents[a].mem.working_memory.cluster for a in backed])
+            built = dict(zip(backed, graphs))
+            snaps = [
+                built[a] if a in built else agents[a].snapshot() if a in joined else empty
+                for a in order
+            ]
             old, old_snaps = self._union, self._union_snapshots
             changed = [p for p, s in enumerate(old_snaps) if snaps[p] is not s]
             union = splice_union(old, snaps, changed) if old is not None else None
