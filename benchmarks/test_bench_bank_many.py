@@ -110,14 +110,12 @@ def test_ten_thousand_agents_thousand_asked(benchmark):
     # the process's one-time costs (imports, the stemmer, jieba's dictionary) on other agents
     warm_notes, warm_questions = agent_notes(2, NOTES, seed=99)
     warm_bank = MemoryBank(embedder=HashingEmbedder())
-    for a, notes in enumerate(warm_notes):
-        warm_bank.add_agent(f"w{a}", notes)
+    warm_bank.add_agents({f"w{a}": notes for a, notes in enumerate(warm_notes)})
     warm_bank.ask(["w0", "w1"], warm_questions, record=False)
 
     t0 = time.perf_counter()
     bank = MemoryBank(embedder=HashingEmbedder())
-    for a, notes in enumerate(per_agent):
-        bank.add_agent(f"npc-{a}", notes)
+    bank.add_agents({f"npc-{a}": notes for a, notes in enumerate(per_agent)})
     build_s = time.perf_counter() - t0
     gc.collect()
     t1 = time.perf_counter()

@@ -73,8 +73,7 @@ def _same(a, b, tol: float = 1e-6) -> bool:
 
 def _bank(per_agent) -> MemoryBank:
     bank = MemoryBank(embedder=HashingEmbedder())
-    for a, notes in enumerate(per_agent):
-        bank.add_agent(f"npc-{a}", notes)
+    bank.add_agents({f"npc-{a}": notes for a, notes in enumerate(per_agent)})
     return bank
 
 

@@ -26,11 +26,12 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import wraps
 from pathlib import Path
 from typing import Any
 
+from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.bank._agent import Agent
 from soulmem_torch.errors import ConfigError, NotFoundError, ValidationError
 from soulmem_torch.model import MemoryId, MemoryNote
@@ -40,6 +41,9 @@ __all__ = ["MemoryBank"]
 BANK_FORMAT = "soulmem-bank"
 BANK_VERSION = 1
 MANIFEST = "bank.json"
+_EMBED_GROUP_NOTES = 2048
+"""Notes embedded per embedder call when many agents are added at once (bounds the vectors
+held by one call's plan)."""
 
 
 def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -136,7 +140,8 @@ class MemoryBank:
         embeddings: Sequence[Any] | None = None,
         readable_ids: dict[MemoryId, str] | None = None,
     ) -> int:
-        """Adds an agent with its notes; returns how many notes it holds.
+        """Adds an agent with its notes; returns how many notes it holds. :meth:`add_agents`
+        of one agent.
 
         Args:
             agent_id: a new, non-empty string.
@@ -149,17 +154,152 @@ class MemoryBank:
         Raises:
             ValidationError: an existing agent id, or a wrong number of embeddings.
         """
-        from soulmem_torch.api import SoulMem
-
         agent_id = _check_agent_id(agent_id)
-        if agent_id in self._agents:
-            raise ValidationError(f"agent_id: {agent_id!r} is already in the bank")
-        mem = SoulMem(
-            embedder=self.embedder, device=self.device, window_capacity=self.window_capacity
-        )
-        self._add_to(mem, list(notes), embeddings, readable_ids)
-        self._register(agent_id, Agent(mem=mem))
-        return len(mem)
+        given = None if embeddings is None else {agent_id: embeddings}
+        readable = None if not readable_ids else {agent_id: readable_ids}
+        return self._add_agents([(agent_id, notes)], given, readable)[agent_id]
+
+    @_locked
+    def add_agents(
+        self,
+        agents: Mapping[str, Iterable[MemoryNote]] | Iterable[tuple[str, Iterable[MemoryNote]]],
+        *,
+        embeddings: Mapping[str, Sequence[Any]] | None = None,
+    ) -> dict[str, int]:
+        """Adds many agents at once — the agents :meth:`add_agent` of each would add, the same
+        answers — with the notes of all of them embedded together (a string several agents
+        hold is embedded once; the embedder gets large batches) and their terms read in one
+        pass. Returns each new agent's note count, in the order given.
+
+        All or nothing: every id and note is checked and every agent built before any of them
+        joins the bank, so a failure leaves the bank as it was.
+
+        Args:
+            agents: ``{agent_id: notes}``, or ``(agent_id, notes)`` pairs; new, distinct ids.
+            embeddings: ``{agent_id: one MemoryEmbedding per note}`` for the agents whose
+                vectors are precomputed (the others are embedded).
+
+        Raises:
+            ValidationError: an id that is not new (or given twice), a value that is not a
+                note, embeddings for an agent not added or of the wrong count.
+        """
+        if isinstance(agents, (str, bytes)):
+            raise ValidationError(
+                f"agents: expected a mapping of agent ids to notes or (agent_id, notes) "
+                f"pairs, found {type(agents).__name__}"
+            )
+        pairs = list(agents.items()) if isinstance(agents, Mapping) else list(agents)
+        return self._add_agents(pairs, embeddings, None)
+
+    @gc_paused()  # every agent's notes, plans and vectors: many small acyclic objects
+    def _add_agents(
+        self,
+        pairs: list[Any],
+        embeddings: Mapping[str, Sequence[Any]] | None,
+        readable_ids: Mapping[str, dict[MemoryId, str]] | None,
+    ) -> dict[str, int]:
+        from soulmem_torch.api import SoulMem
+        from soulmem_torch.retrieve.text import remember_notes_terms
+
+        ids: list[str] = []
+        note_lists: list[list[MemoryNote]] = []
+        for k, pair in enumerate(pairs):
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise ValidationError(
+                    f"agents[{k}]: expected an (agent_id, notes) pair, found {type(pair).__name__}"
+                )
+            agent_id = _check_agent_id(pair[0])
+            if agent_id in self._agents:
+                raise ValidationError(f"agent_id: {agent_id!r} is already in the bank")
+            if agent_id in ids:
+                raise ValidationError(f"agent_id: {agent_id!r} is given twice")
+            if isinstance(pair[1], (str, bytes, MemoryNote)):
+                raise ValidationError(
+                    f"notes of {agent_id!r}: expected an iterable of MemoryNote, found "
+                    f"{type(pair[1]).__name__}"
+                )
+            notes = list(pair[1])
+            for i, note in enumerate(notes):
+                if not isinstance(note, MemoryNote):
+                    raise ValidationError(
+                        f"notes[{i}] of {agent_id!r}: expected a MemoryNote, found "
+                        f"{type(note).__name__}"
+                    )
+            ids.append(agent_id)
+            note_lists.append(notes)
+        vectors = self._embeddings_of(ids, note_lists, embeddings)
+        mems = [
+            SoulMem(
+                embedder=self.embedder, device=self.device, window_capacity=self.window_capacity
+            )
+            for _ in ids
+        ]
+        # terms read on write (a cache: before the write, which may fail), all in one pass
+        remember_notes_terms([mem.cluster for mem in mems], note_lists)
+        for mem, notes, agent_vectors in zip(mems, note_lists, vectors):
+            mem.working_memory.add_nodes(notes, agent_vectors)
+        for agent_id, mem in zip(ids, mems):
+            if readable_ids and agent_id in readable_ids:
+                mem.readable_ids.update(readable_ids[agent_id])
+            self._register(agent_id, Agent(mem=mem))
+        return {agent_id: len(mem) for agent_id, mem in zip(ids, mems)}
+
+    def _embeddings_of(
+        self,
+        ids: list[str],
+        note_lists: list[list[MemoryNote]],
+        given: Mapping[str, Sequence[Any]] | None,
+    ) -> list[list[Any]]:
+        """One ``MemoryEmbedding`` per note of each agent: the ``given`` ones (checked for
+        their count), the others embedded together, a group of agents per embedder call
+        (each agent's vectors packed as its cluster would pack them)."""
+        from soulmem_torch.embedding import embed_note_groups
+        from soulmem_torch.embedding.compact import compact_ref
+        from soulmem_torch.runtime.cluster import first_non_finite
+
+        given = {} if given is None else given
+        if not isinstance(given, Mapping):
+            raise ValidationError(
+                f"embeddings: expected a mapping of agent ids to embeddings, found "
+                f"{type(given).__name__}"
+            )
+        unknown = [a for a in given if a not in ids]
+        if unknown:
+            raise ValidationError(f"embeddings: agent {unknown[0]!r} is not among the agents added")
+        out: list[list[Any]] = [[] for _ in ids]
+        todo: list[int] = []
+        for k, (agent_id, notes) in enumerate(zip(ids, note_lists)):
+            if agent_id in given:
+                out[k] = list(given[agent_id])
+                if len(out[k]) != len(notes):
+                    raise ValidationError(
+                        f"embeddings: expected {len(notes)} (one per note of {agent_id!r}), "
+                        f"found {len(out[k])}"
+                    )
+            elif notes:
+                todo.append(k)
+        group: list[int] = []
+        size = 0
+        for pos, k in enumerate(todo):
+            group.append(k)
+            size += len(note_lists[k])
+            if size >= _EMBED_GROUP_NOTES or pos == len(todo) - 1:
+                per_agent = embed_note_groups([note_lists[j] for j in group], self.embedder)
+                # one finiteness pass over the group's buffer (it is remembered), rather than
+                # one per agent over the views it holds of that buffer
+                first_non_finite(
+                    [
+                        v
+                        for agent_vectors in per_agent
+                        for e in agent_vectors
+                        if compact_ref(e) is None
+                        for v in (e.tag, *e.fields.values())
+                    ]
+                )
+                for j, agent_vectors in zip(group, per_agent):
+                    out[j] = agent_vectors
+                group, size = [], 0
+        return out
 
     @_locked
     def add_agent_graph(self, agent_id: str, graph: Any) -> int:

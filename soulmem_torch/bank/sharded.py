@@ -2,8 +2,8 @@
 
 Every rank holds a :class:`MemoryBank` of the agents it owns (placement: a stable hash of the
 agent id — BLAKE2b, not Python's salted ``hash`` — modulo the world size, or any function
-``placement(agent_id, world_size) -> rank``). ``add_agent`` / ``add_notes`` may be called on
-every rank with every agent: a rank keeps only what it owns.
+``placement(agent_id, world_size) -> rank``). ``add_agent`` / ``add_agents`` / ``add_notes`` may be
+called on every rank with every agent: a rank keeps only what it owns.
 
 ``ask`` and ``query`` are **collective**: every rank of the group calls them (with its own
 requests, possibly none) and gets the answers to its own requests. Requests travel to their
@@ -20,7 +20,7 @@ Launch one process per GPU (or per CPU shard) with ``torchrun``; a demo::
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from soulmem_torch.errors import NotFoundError, SoulMemError, ValidationError
@@ -108,6 +108,22 @@ class ShardedMemoryBank:
             return False
         self.local.add_agent(agent_id, notes, **kwargs)
         return True
+
+    def add_agents(
+        self,
+        agents: Mapping[str, Iterable[MemoryNote]] | Iterable[tuple[str, Iterable[MemoryNote]]],
+        **kwargs: Any,
+    ) -> dict[str, int]:
+        """``MemoryBank.add_agents`` of the agents this rank owns (call it on every rank with
+        every agent); returns their note counts (the other ranks' agents are not listed)."""
+        if isinstance(agents, (str, bytes)):
+            raise ValidationError(
+                f"agents: expected a mapping of agent ids to notes or (agent_id, notes) "
+                f"pairs, found {type(agents).__name__}"
+            )
+        pairs = list(agents.items()) if isinstance(agents, Mapping) else list(agents)
+        mine = [p for p in pairs if not isinstance(p, tuple) or len(p) != 2 or self.owns(p[0])]
+        return self.local.add_agents(mine, **kwargs)
 
     def add_agent_graph(self, agent_id: str, graph: Any) -> bool:
         """``MemoryBank.add_agent_graph`` on the owner; returns whether this rank stored it."""

@@ -39,11 +39,6 @@ __all__ = [
 ]
 
 K_VALUES = (1, 3, 5, 10)
-_EMBED_GROUP_NOTES = 2048
-"""Notes embedded per call when a benchmark's haystacks are built (bounds the vectors held)."""
-_EMBED_BATCH = 1 << 16
-"""Distinct texts per embedder call there (one call per group: the offline embedder works a
-batch at a time and blocks it itself)."""
 Level = Literal["session", "turn"]
 
 
@@ -82,9 +77,6 @@ class HaystackBank:
         device: Any = None,
     ) -> HaystackBank:
         from soulmem_torch.bank import MemoryBank
-        from soulmem_torch.embedding import embed_note_groups
-        from soulmem_torch.embedding.compact import compact_ref
-        from soulmem_torch.runtime.cluster import first_non_finite
 
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -92,32 +84,8 @@ class HaystackBank:
         timings["notes_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         bank = MemoryBank(embedder=embedder, device=device)
-        # the haystacks are embedded together, a group of them per call: a session shared by
-        # several haystacks is embedded once, and the embedder gets large batches
-        group: list[int] = []
-        size = 0
-        for i, m in enumerate(made):
-            group.append(i)
-            size += len(m.notes)
-            if size >= _EMBED_GROUP_NOTES or i == len(made) - 1:
-                # each haystack's vectors packed as its cluster would pack them (no pass over
-                # every note's vectors per haystack), or the group's dense views
-                per_haystack = embed_note_groups(
-                    [made[j].notes for j in group], bank.embedder, batch_size=_EMBED_BATCH
-                )
-                dense = [
-                    v
-                    for vectors in per_haystack
-                    for e in vectors
-                    if compact_ref(e) is None
-                    for v in (e.tag, *e.fields.values())
-                ]
-                # one finiteness pass over the group's buffer (it is remembered), rather than
-                # one per haystack over the views it holds of that buffer
-                first_non_finite(dense)
-                for j, vectors in zip(group, per_haystack):
-                    bank.add_agent(f"haystack-{j}", made[j].notes, embeddings=vectors)
-                group, size = [], 0
+        # every haystack at once: a session shared by several is embedded and read once
+        bank.add_agents((f"haystack-{j}", m.notes) for j, m in enumerate(made))
         timings["embed_s"] = time.perf_counter() - t0
         return cls(bank, made, timings)
 

@@ -61,6 +61,7 @@ __all__ = [
     "note_terms_of",
     "note_text",
     "remember_note_terms",
+    "remember_notes_terms",
     "query_strings",
     "text_index",
     "text_indexes",
@@ -475,38 +476,57 @@ def remember_note_terms(memory: Any, notes: Iterable[MemoryNote]) -> None:
     """Reads the terms of ``notes`` into their memory's :class:`NoteTerms` now (the texts it
     does not hold yet, in one pass: :func:`_read_texts`, each text's terms counted), so the
     memory's next text index reads none of them. Nothing happens for a memory without a
-    cluster."""
-    store = note_terms_of(memory)
-    if store is None:
-        return
+    cluster. :func:`remember_notes_terms` of one memory."""
+    remember_notes_terms([memory], [notes])
+
+
+def remember_notes_terms(memories: Sequence[Any], notes: Sequence[Iterable[MemoryNote]]) -> None:
+    """:func:`remember_note_terms` of each memory and its notes (``notes[k]``: those of
+    ``memories[k]``), every text read in one pass: a text several memories hold (a note many
+    agents share) is read once, its arrays held by each of them (they are never written)."""
     from soulmem_torch.model import MemoryNote
 
-    items = [getattr(n, "note", n) for n in notes]  # an EmbeddedMemoryNote's note
-    items = [n for n in items if isinstance(n, MemoryNote)]  # (the write validates the rest)
-    if store.generation != _NUMBERING.generation:
-        store.terms, store.generation = {}, _NUMBERING.generation
-    held = store.terms
-    texts = [t for t in dict.fromkeys(map(store.text_of, items)) if t not in held]
-    cluster = getattr(memory, "cluster", memory)
-    size = len(cluster) if hasattr(cluster, "__len__") else 0
-    notes_now = getattr(cluster, "notes", None)
-    if len(store.texts) > 2 * size + 1024 and callable(notes_now):  # notes gone (or a
-        # failed write's): keep the memory's and these
-        keep = {id(n) for n in notes_now()} | set(map(id, items))
-        store.texts = {k: v for k, v in store.texts.items() if k in keep}
-    if not texts:
+    if len(memories) != len(notes):
+        raise ValidationError(
+            f"notes: expected {len(memories)} lists (one per memory), found {len(notes)}"
+        )
+    jobs: list[tuple[NoteTerms, Any, int, list[str]]] = []
+    wanted: dict[str, None] = {}
+    for memory, group in zip(memories, notes):
+        store = note_terms_of(memory)
+        if store is None:
+            continue
+        items = [getattr(n, "note", n) for n in group]  # an EmbeddedMemoryNote's note
+        items = [n for n in items if isinstance(n, MemoryNote)]  # (the write validates the rest)
+        if store.generation != _NUMBERING.generation:
+            store.terms, store.generation = {}, _NUMBERING.generation
+        held = store.terms
+        texts = [t for t in dict.fromkeys(map(store.text_of, items)) if t not in held]
+        cluster = getattr(memory, "cluster", memory)
+        size = len(cluster) if hasattr(cluster, "__len__") else 0
+        notes_now = getattr(cluster, "notes", None)
+        if len(store.texts) > 2 * size + 1024 and callable(notes_now):  # notes gone (or a
+            # failed write's): keep the memory's and these
+            keep = {id(n) for n in notes_now()} | set(map(id, items))
+            store.texts = {k: v for k, v in store.texts.items() if k in keep}
+        if texts:
+            jobs.append((store, notes_now, size, texts))
+            wanted.update(dict.fromkeys(texts))
+    if not wanted:
         return
+    distinct = list(wanted)
     with _NUMBERING.lock:
         ids, generation = _NUMBERING.current()
-        tid, text_of = _read_texts(ids, texts, np.arange(len(texts), dtype=np.int64))
-    read = _counted(tid, text_of, len(texts))
-    terms = store.terms if store.generation == generation else {}
-    if len(terms) + len(texts) > 2 * size + 1024:  # texts of notes gone: keep the memory's
-        if callable(notes_now):
-            current = set(map(store.text_of, notes_now()))
-            terms = {t: v for t, v in terms.items() if t in current}
-    terms.update(zip(texts, read))
-    store.terms, store.generation = terms, generation
+        tid, text_of = _read_texts(ids, distinct, np.arange(len(distinct), dtype=np.int64))
+    read = dict(zip(distinct, _counted(tid, text_of, len(distinct))))
+    for store, notes_now, size, texts in jobs:
+        terms = store.terms if store.generation == generation else {}
+        if len(terms) + len(texts) > 2 * size + 1024:  # texts of notes gone: keep the memory's
+            if callable(notes_now):
+                current = set(map(store.text_of, notes_now()))
+                terms = {t: v for t, v in terms.items() if t in current}
+        terms.update(zip(texts, map(read.__getitem__, texts)))
+        store.terms, store.generation = terms, generation
 
 
 def _counted(tid: np.ndarray, text: np.ndarray, n: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -54,8 +54,14 @@ def _check(rank: int, world: int, port: int) -> None:
         dist.broadcast_object_list(box, src=0)
         sharded = ShardedMemoryBank()
         single = MemoryBank()  # the reference: every agent in one process
+        half = AGENTS // 2  # (the first half one by one, the rest in one add_agents)
+        for a, notes in enumerate(box[0][:half]):
+            assert sharded.add_agent(f"npc-{a}", notes) == (
+                stable_placement(f"npc-{a}", world) == rank
+            )
+        stored = sharded.add_agents({f"npc-{a}": box[0][a] for a in range(half, AGENTS)})
+        assert all(stable_placement(a, world) == rank for a in stored)
         for a, notes in enumerate(box[0]):
-            sharded.add_agent(f"npc-{a}", notes)
             single.add_agent(f"npc-{a}", [n.model_copy(deep=True) for n in notes])
         held = sharded.agents()
         assert all(stable_placement(a, world) == rank for a in held)
