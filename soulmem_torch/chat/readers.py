@@ -16,6 +16,8 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+import pydantic_core
+
 from soulmem_torch._gcpause import gc_paused
 from soulmem_torch.chat._types import ChatSession, ChatTurn, checked_turn
 from soulmem_torch.errors import ValidationError
@@ -87,9 +89,16 @@ def _load_json(path: str | PathLike[str], what: str) -> Any:
     p = Path(path)
     if not p.is_file():
         raise ValidationError(f"{what} {p}: no such file")
+    raw = p.read_bytes()
+    # pydantic-core's parser (Rust; the values json.load gives, NaN / Infinity and big ints
+    # included): 2-5x faster on a benchmark's 100 MB of chat history
     try:
-        with p.open("rb") as fh:
-            return json.load(fh)
+        return pydantic_core.from_json(raw)
+    except ValueError:
+        pass  # json's reading then: its error, or the value (pydantic-core refuses a lone
+        # surrogate escape, which the reader's checks name where it stands)
+    try:
+        return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValidationError(f"{what} {p}: not valid JSON ({exc})") from None
 

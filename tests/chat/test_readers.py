@@ -110,6 +110,14 @@ def test_longmemeval_reader_errors(tmp_path) -> None:
     bad.write_text(json.dumps(data))
     with pytest.raises(ValidationError, match=r"\[0\]: haystack_session_ids, haystack_dates"):
         read_longmemeval(bad)
+    for broken in (b"", b'[{"question_id": "x",', b"\xff[]", b'["a\\ud83d', b"[1] 2"):
+        bad.write_bytes(broken)
+        with pytest.raises(ValidationError, match=r"bad.json: not valid JSON \(.+\)"):
+            read_longmemeval(bad)
+    # the values json.load gives: NaN, Infinity, big ints, the last of a repeated key
+    bad.write_text('[{"question_id": 12345678901234567890123, "question_id": NaN}]')
+    with pytest.raises(ValidationError, match=r"question_id: expected str/int, found float nan"):
+        read_longmemeval(bad)
 
 
 def test_longmemeval_turns_are_checked_as_chat_turns(tmp_path) -> None:
