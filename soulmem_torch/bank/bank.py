@@ -188,7 +188,15 @@ class MemoryBank:
                 f"agents: expected a mapping of agent ids to notes or (agent_id, notes) "
                 f"pairs, found {type(agents).__name__}"
             )
-        pairs = list(agents.items()) if isinstance(agents, Mapping) else list(agents)
+        if isinstance(agents, Mapping):
+            pairs = list(agents.items())
+        elif isinstance(agents, Iterable):
+            pairs = list(agents)
+        else:
+            raise ValidationError(
+                f"agents: expected a mapping of agent ids to notes or (agent_id, notes) "
+                f"pairs, found {type(agents).__name__}"
+            )
         return self._add_agents(pairs, embeddings, None)
 
     @gc_paused()  # every agent's notes, plans and vectors: many small acyclic objects
@@ -202,18 +210,20 @@ class MemoryBank:
         from soulmem_torch.retrieve.text import remember_notes_terms
 
         ids: list[str] = []
+        seen: set[str] = set()
         note_lists: list[list[MemoryNote]] = []
         for k, pair in enumerate(pairs):
-            if not isinstance(pair, tuple) or len(pair) != 2:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise ValidationError(
                     f"agents[{k}]: expected an (agent_id, notes) pair, found {type(pair).__name__}"
                 )
             agent_id = _check_agent_id(pair[0])
             if agent_id in self._agents:
                 raise ValidationError(f"agent_id: {agent_id!r} is already in the bank")
-            if agent_id in ids:
+            if agent_id in seen:
                 raise ValidationError(f"agent_id: {agent_id!r} is given twice")
-            if isinstance(pair[1], (str, bytes, MemoryNote)):
+            seen.add(agent_id)
+            if isinstance(pair[1], (str, bytes, MemoryNote)) or not isinstance(pair[1], Iterable):
                 raise ValidationError(
                     f"notes of {agent_id!r}: expected an iterable of MemoryNote, found "
                     f"{type(pair[1]).__name__}"
@@ -263,14 +273,21 @@ class MemoryBank:
                 f"embeddings: expected a mapping of agent ids to embeddings, found "
                 f"{type(given).__name__}"
             )
-        unknown = [a for a in given if a not in ids]
+        known = set(ids)
+        unknown = [a for a in given if a not in known]
         if unknown:
             raise ValidationError(f"embeddings: agent {unknown[0]!r} is not among the agents added")
         out: list[list[Any]] = [[] for _ in ids]
         todo: list[int] = []
         for k, (agent_id, notes) in enumerate(zip(ids, note_lists)):
             if agent_id in given:
-                out[k] = list(given[agent_id])
+                vectors = given[agent_id]
+                if not isinstance(vectors, Iterable) or isinstance(vectors, (str, bytes)):
+                    raise ValidationError(
+                        f"embeddings of {agent_id!r}: expected one MemoryEmbedding per note, "
+                        f"found {type(vectors).__name__}"
+                    )
+                out[k] = list(vectors)
                 if len(out[k]) != len(notes):
                     raise ValidationError(
                         f"embeddings: expected {len(notes)} (one per note of {agent_id!r}), "

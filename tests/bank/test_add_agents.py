@@ -75,7 +75,7 @@ def test_pairs_and_given_embeddings():
     agents = _agents()
     given = {"npc-3": embed_notes(agents["npc-3"], HashingEmbedder())}
     bank = MemoryBank(embedder=HashingEmbedder())
-    counts = bank.add_agents(list(agents.items()), embeddings=given)
+    counts = bank.add_agents([list(pair) for pair in agents.items()], embeddings=given)
     assert counts == {agent_id: len(notes) for agent_id, notes in agents.items()}
     want = _one_by_one(agents)
     for got, ref in zip(_vectors(bank, "npc-3"), _vectors(want, "npc-3"), strict=True):
@@ -99,6 +99,9 @@ def test_pairs_and_given_embeddings():
          r"embeddings: expected 2 \(one per note of 'npc-0'\), found 0"),
         ({"npc-0": []}, [], "embeddings: expected a mapping"),
         ("npc-0", None, "agents: expected a mapping"),
+        (7, None, "agents: expected a mapping"),
+        ({"npc-0": 3}, None, "notes of 'npc-0': expected an iterable"),
+        ({"npc-0": []}, {"npc-0": 3}, "embeddings of 'npc-0': expected one MemoryEmbedding"),
     ],
 )  # fmt: skip
 def test_a_refused_write_changes_nothing(agents, embeddings, match):
