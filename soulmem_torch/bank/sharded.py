@@ -122,7 +122,9 @@ class ShardedMemoryBank:
                 f"pairs, found {type(agents).__name__}"
             )
         pairs = list(agents.items()) if isinstance(agents, Mapping) else list(agents)
-        mine = [p for p in pairs if not isinstance(p, tuple) or len(p) != 2 or self.owns(p[0])]
+        mine = [
+            p for p in pairs if not isinstance(p, (tuple, list)) or len(p) != 2 or self.owns(p[0])
+        ]
         return self.local.add_agents(mine, **kwargs)
 
     def add_agent_graph(self, agent_id: str, graph: Any) -> bool:
