@@ -57,6 +57,29 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def agent_pairs(agents: Any) -> list[Any]:
+    """``add_agents``' argument as a list of its ``(agent_id, notes)`` entries (a mapping's
+    items, or the pairs given); the entries themselves are checked by the bank."""
+    if isinstance(agents, Mapping):
+        return list(agents.items())
+    if isinstance(agents, Iterable) and not isinstance(agents, (str, bytes)):
+        return list(agents)
+    raise ValidationError(
+        f"agents: expected a mapping of agent ids to notes or (agent_id, notes) pairs, "
+        f"found {type(agents).__name__}"
+    )
+
+
+def _check_notes(notes: list[Any], owner: str = "") -> None:
+    """Refuses the first entry of ``notes`` that is not a ``MemoryNote`` (``owner``: whose
+    notes, in the message)."""
+    for i, note in enumerate(notes):
+        if not isinstance(note, MemoryNote):
+            raise ValidationError(
+                f"notes[{i}]{owner}: expected a MemoryNote, found {type(note).__name__}"
+            )
+
+
 @functools.lru_cache(maxsize=1)
 def _not_asked() -> Any:
     """The segment of an agent not yet asked: an empty snapshot (one shared object, so an agent
@@ -183,21 +206,7 @@ class MemoryBank:
             ValidationError: an id that is not new (or given twice), a value that is not a
                 note, embeddings for an agent not added or of the wrong count.
         """
-        if isinstance(agents, (str, bytes)):
-            raise ValidationError(
-                f"agents: expected a mapping of agent ids to notes or (agent_id, notes) "
-                f"pairs, found {type(agents).__name__}"
-            )
-        if isinstance(agents, Mapping):
-            pairs = list(agents.items())
-        elif isinstance(agents, Iterable):
-            pairs = list(agents)
-        else:
-            raise ValidationError(
-                f"agents: expected a mapping of agent ids to notes or (agent_id, notes) "
-                f"pairs, found {type(agents).__name__}"
-            )
-        return self._add_agents(pairs, embeddings, None)
+        return self._add_agents(agent_pairs(agents), embeddings, None)
 
     @gc_paused()  # every agent's notes, plans and vectors: many small acyclic objects
     def _add_agents(
@@ -229,12 +238,7 @@ class MemoryBank:
                     f"{type(pair[1]).__name__}"
                 )
             notes = list(pair[1])
-            for i, note in enumerate(notes):
-                if not isinstance(note, MemoryNote):
-                    raise ValidationError(
-                        f"notes[{i}] of {agent_id!r}: expected a MemoryNote, found "
-                        f"{type(note).__name__}"
-                    )
+            _check_notes(notes, f" of {agent_id!r}")
             ids.append(agent_id)
             note_lists.append(notes)
         vectors = self._embeddings_of(ids, note_lists, embeddings)
@@ -352,11 +356,7 @@ class MemoryBank:
         from soulmem_torch.embedding import embed_notes
         from soulmem_torch.retrieve.text import remember_note_terms
 
-        for i, note in enumerate(notes):
-            if not isinstance(note, MemoryNote):
-                raise ValidationError(
-                    f"notes[{i}]: expected a MemoryNote, found {type(note).__name__}"
-                )
+        _check_notes(notes)
         if embeddings is None:
             embeddings = embed_notes(notes, mem.embedder) if notes else []
         else:

@@ -116,14 +116,12 @@ class ShardedMemoryBank:
     ) -> dict[str, int]:
         """``MemoryBank.add_agents`` of the agents this rank owns (call it on every rank with
         every agent); returns their note counts (the other ranks' agents are not listed)."""
-        if isinstance(agents, (str, bytes)):
-            raise ValidationError(
-                f"agents: expected a mapping of agent ids to notes or (agent_id, notes) "
-                f"pairs, found {type(agents).__name__}"
-            )
-        pairs = list(agents.items()) if isinstance(agents, Mapping) else list(agents)
+        from soulmem_torch.bank.bank import agent_pairs
+
         mine = [
-            p for p in pairs if not isinstance(p, (tuple, list)) or len(p) != 2 or self.owns(p[0])
+            p
+            for p in agent_pairs(agents)
+            if not isinstance(p, (tuple, list)) or len(p) != 2 or self.owns(p[0])
         ]
         return self.local.add_agents(mine, **kwargs)
 
