@@ -328,8 +328,9 @@ def segment_dense_ppr(
             gathered = gathered.mul_(inside)
         mass = store.data.index_select(0, start + n * n + node)
         x = dense_ppr_entries(
-            gathered, mass, weight, entry_row, num_queries=b, damping=float(config.damping_factor)
-        )
+            gathered, mass, weight, entry_row, num_queries=b,
+            damping=float(config.damping_factor), scratch=True,  # (a fresh gather)
+        )  # fmt: skip
         outs[c][:, :width] = x.mul_(ok.unsqueeze(1))
     return outs
 

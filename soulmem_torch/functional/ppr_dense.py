@@ -151,6 +151,7 @@ def dense_ppr_entries(
     *,
     num_queries: int,
     damping: float,
+    scratch: bool = False,
 ) -> Tensor:
     """Exact PPR of ``num_queries`` queries from their (query, key) entries.
 
@@ -167,6 +168,9 @@ def dense_ppr_entries(
         query: shape (E,), int64. The entry's query, in ``[0, num_queries)``.
         num_queries: ``Q`` >= 0.
         damping: the damping of the factors.
+        scratch: ``rows`` is the caller's to spend (a fresh gather): each row is scaled by
+            its weight in place instead of in a copy (the same products; at 1,000 agents the
+            copy was ~50 MB of fresh pages a call).
 
     Returns:
         shape (Q, n), float64, each row normalized to sum 1 (rows summed note by note).
@@ -186,7 +190,7 @@ def dense_ppr_entries(
     share = d * alpha / safe_count
     v = (1.0 - d) * s + share.index_select(0, query)
     x = torch.zeros(num_queries, n, dtype=_F64, device=device)
-    x.index_add_(0, query, rows * v.unsqueeze(1))
+    x.index_add_(0, query, rows.mul_(v.unsqueeze(1)) if scratch else rows * v.unsqueeze(1))
     xt = x.T.contiguous()  # (n, Q): column sums note by note, trailing zero padding exact
     sums = _colsum(xt)
     live = total > 0
@@ -255,6 +259,7 @@ def ppr_dense(
         col,
         num_queries=b,
         damping=d,
+        scratch=True,  # (a fresh gather)
     )
     out = x.T.contiguous()
     return out.reshape(-1) if q.squeeze else out

@@ -202,6 +202,22 @@ def test_zero_padded_entries_give_the_same_bits(device):
         assert_same_bits(padded[:, :n], plain)
 
 
+def test_entries_with_scratch_rows_give_the_same_bits(device):
+    """``scratch=True`` scales the caller's rows in place: the same result, bit for bit, and
+    the rows are what it says they become (each scaled by its entry's share)."""
+    n, b = 30, 8
+    edge_index, weight, pers, key_mask = awkward_graph(n, 90, seed=7, batch=b)
+    op = build_transition(edge_index.to(device), weight.to(device), num_nodes=n)
+    pers, key_mask = pers.to(device), key_mask.to(device)
+    rows, mass, w, q = _entries(op, pers, key_mask, 0.65)
+    kept = rows.clone()
+    plain = dense_ppr_entries(rows, mass, w, q, num_queries=b, damping=0.65)
+    assert_same_bits(rows, kept)  # (not scratch: the rows are left as they were)
+    spent = dense_ppr_entries(rows, mass, w, q, num_queries=b, damping=0.65, scratch=True)
+    assert_same_bits(spent, plain)
+    assert not torch.equal(rows, kept)
+
+
 def test_entries_without_weight_or_entries_give_zero_rows():
     edge_index, weight, pers, key_mask = awkward_graph(15, 40, seed=6, batch=3)
     op = build_transition(edge_index, weight, num_nodes=15)
