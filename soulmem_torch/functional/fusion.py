@@ -370,11 +370,15 @@ def bm25_note_weights(
     # document frequency of each (segment, term): entries are unique per (note, term)
     entry_seg = seg[rows]
     df_entry = _document_frequency(entry_seg, cols, v)
-    n_entry = notes_per_seg[entry_seg]
-    idf = torch.log1p((n_entry - df_entry + 0.5) / (df_entry + 0.5))
+    # one value per entry (millions in a bank's union): each step in place on a fresh gather,
+    # the operations and their order those of the formula (so the same bits)
+    idf = notes_per_seg[entry_seg].sub_(df_entry).add_(0.5)  # n - df + 0.5
+    idf.div_(df_entry.add_(0.5)).log1p_()
     avg = avgdl[entry_seg]
-    norm = torch.where(avg > 0, length[rows] / torch.where(avg > 0, avg, 1.0), 1.0)
-    w = idf * vals * (k1 + 1.0) / (vals + k1 * (1.0 - b + b * norm))
+    live = avg > 0
+    norm = length[rows].div_(avg.masked_fill_(~live, 1.0)).masked_fill_(~live, 1.0)  # |d| / avgdl
+    # w = idf · tf (k1 + 1) / (tf + k1 (1 − b + b · norm))
+    w = idf.mul_(vals).mul_(k1 + 1.0).div_(norm.mul_(b).add_(1.0 - b).mul_(k1).add_(vals))
     # tf's (coalesced) indices: the weights are coalesced as they stand
     return torch.sparse_coo_tensor(
         tf.indices(), w, (n, v), is_coalesced=True, check_invariants=False
