@@ -80,6 +80,7 @@ class DenseStore:
     last: list[int]
     calls: int = 0
     _start_t: Tensor | None = None
+    _fresh_from: int | None = None  # (a grown buffer: not zeroed past here yet)
 
     @classmethod
     def empty(cls, num_agents: int, device: torch.device) -> DenseStore:
@@ -124,8 +125,41 @@ class DenseStore:
         """Write ``blocks`` (of agents ``positions``) after the others: past
         :func:`cache_limit`, the least recently asked blocks not in ``keep`` are dropped
         first; compacts when dropped blocks outweigh the live ones; grows by doubling."""
-        need = sum(int(b.numel()) for b in blocks) + _SLACK
-        self._evict(need - _SLACK, keep or set())
+        pos = self._reserve(sum(int(b.numel()) for b in blocks), keep or set())
+        for block, p in zip(blocks, positions):
+            self.data[pos : pos + block.numel()] = block
+            self.start[p], self.length[p] = pos, int(block.numel())
+            pos += int(block.numel())
+        self._written(pos)
+
+    def append_chunks(
+        self, chunks: list[tuple[list[int], Tensor, Tensor]], *, keep: set[int] | None = None
+    ) -> None:
+        """:meth:`append` of same-sized agents' factors as they come out of a batched
+        inverse: each chunk ``(positions, inverses (k, n, n), mass (k, n))`` is written
+        straight into the buffer (each agent's block ``inverses[i]`` transposed, row-major,
+        then ``mass[i]``: the floats :meth:`append` of those blocks writes), one copy per
+        part instead of a block at a time."""
+        sizes = [int(inv.shape[1]) for _, inv, _ in chunks]
+        total = sum(len(ps) * (n * n + n) for (ps, _, _), n in zip(chunks, sizes))
+        pos = self._reserve(total, keep or set())
+        for (ps, inverses, mass), n in zip(chunks, sizes):
+            k, size = len(ps), n * n + n
+            rows = self.data[pos : pos + k * size].view(k, size)
+            rows[:, : n * n].view(k, n, n).copy_(inverses.transpose(1, 2))
+            rows[:, n * n :].copy_(mass)
+            for i, p in enumerate(ps):
+                self.start[p], self.length[p] = pos + i * size, size
+            pos += k * size
+        self._written(pos)
+
+    def _reserve(self, floats: int, keep: set[int]) -> int:
+        """Room for ``floats`` more (and :data:`_SLACK` past them) after ``used``, blocks
+        dropped past the limit / the buffer compacted or grown as needed: the position they
+        start at. A grown buffer is not zeroed where blocks will be written
+        (:meth:`_written` zeroes what stays past them)."""
+        need = floats + _SLACK
+        self._evict(floats, keep)
         if self.used + need > self.data.numel():
             live = self.live
             if self.used > 2 * live:
@@ -133,15 +167,18 @@ class DenseStore:
             if self.used + need > self.data.numel():
                 # room for a quarter more: agents asked later mostly fit without a copy
                 size = max(2 * self.data.numel(), (self.used + need) * 5 // 4)
-                grown = torch.zeros(size, dtype=_F64, device=self.data.device)
+                grown = torch.empty(size, dtype=_F64, device=self.data.device)
                 grown[: self.used] = self.data[: self.used]
+                self._fresh_from = self.used  # (past ``used``: not zeroed yet)
                 self.data = grown
-        pos = self.used
-        for block, p in zip(blocks, positions):
-            self.data[pos : pos + block.numel()] = block
-            self.start[p], self.length[p] = pos, int(block.numel())
-            pos += int(block.numel())
-        self.used = pos
+        return self.used
+
+    def _written(self, end: int) -> None:
+        """Blocks written up to ``end``: the buffer is zero past it again."""
+        if self._fresh_from is not None:
+            self.data[max(end, self._fresh_from) :].zero_()
+            self._fresh_from = None
+        self.used = end
         self._start_t = None
 
     def _evict(self, incoming: int, keep: set[int]) -> None:
@@ -201,19 +238,22 @@ def _fill(
     # in one batch
     if union.device.type == "cpu" and union_transition is not None:
         op = union_transition(union, config, undirected=undirected)
-        blocks = _dense_blocks(union, op, missing, d)
-    else:
-        build = undirected_transition if undirected else transition
-        operators = [build(agent_graph(union, p), config) for p in missing]
-        blocks = [
-            torch.cat([f.inverse_t.reshape(-1), f.dangling_mass])
-            for f in dense_factors_many(operators, d, cache=False)
-        ]
+        store.append_chunks(_dense_blocks(union, op, missing, d), keep=keep)
+        return
+    build = undirected_transition if undirected else transition
+    operators = [build(agent_graph(union, p), config) for p in missing]
+    blocks = [
+        torch.cat([f.inverse_t.reshape(-1), f.dangling_mass])
+        for f in dense_factors_many(operators, d, cache=False)
+    ]
     store.append(blocks, missing, keep=keep)
 
 
-def _dense_blocks(union: UnionSnapshot, op: Any, missing: list[int], d: float) -> list[Tensor]:
-    """Agents ``missing``'s blocks (``M^T`` flattened, then ``g^T M``) read off the union's
+def _dense_blocks(
+    union: UnionSnapshot, op: Any, missing: list[int], d: float
+) -> list[tuple[list[int], Tensor, Tensor]]:
+    """Agents ``missing``'s factors as :meth:`DenseStore.append_chunks` takes them (``(agent
+    positions, M (k, n, n), g^T M (k, n))`` per batch of same-sized agents), read off the union's
     transition (``bank._operators.union_transition``: one vectorized build for every agent,
     the values of each agent's own ``build_transition``): the dense ``P^T`` of all same-sized
     agents scattered in one pass, inverted by one batched ``torch.linalg.inv`` and their
@@ -225,12 +265,13 @@ def _dense_blocks(union: UnionSnapshot, op: Any, missing: list[int], d: float) -
     val = t.values().to(_F64)
     miss = torch.tensor(missing, dtype=torch.int64, device=union.device)
     sizes = union.sizes.index_select(0, miss)
-    blocks: list[Tensor | None] = [None] * len(missing)
+    chunks: list[tuple[list[int], Tensor, Tensor]] = []
     for n in torch.unique(sizes).tolist():  # one pass per distinct agent size
         members = (sizes == n).nonzero().reshape(-1)
-        if n == 0:
-            for g in members.tolist():
-                blocks[g] = torch.zeros(0, dtype=_F64, device=union.device)
+        if n == 0:  # empty agents: empty blocks
+            k = int(members.numel())
+            none = torch.zeros(k, 0, dtype=_F64, device=union.device)
+            chunks.append(([missing[g] for g in members.tolist()], none.view(k, 0, 0), none))
             continue
         step = max(1, _BATCH_FLOATS // (n * n))
         for lo in range(0, int(members.numel()), step):
@@ -254,10 +295,8 @@ def _dense_blocks(union: UnionSnapshot, op: Any, missing: list[int], d: float) -
             mass = torch.zeros(k, n, dtype=_F64, device=union.device).index_add_(
                 0, dangling // n, inverses.reshape(k * n, n).index_select(0, dangling)
             )
-            rows = torch.cat([inverses.transpose(1, 2).reshape(k, n * n), mass], dim=1)
-            for g, block in zip(chunk.tolist(), rows.unbind(0)):
-                blocks[g] = block
-    return blocks  # type: ignore[return-value]
+            chunks.append(([missing[g] for g in chunk.tolist()], inverses, mass))
+    return chunks
 
 
 def segment_dense_ppr(

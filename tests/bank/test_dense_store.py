@@ -375,10 +375,14 @@ def test_dense_blocks_read_off_the_union_equal_each_agents_own_factors(monkeypat
     monkeypatch.setattr(_dense, "_BATCH_FLOATS", 250)  # chunks of at most 2
     for undirected in (False, True):
         op = union_transition(union, cfg, undirected=undirected)
-        got = _dense._dense_blocks(union, op, missing, 0.7)
+        chunks = _dense._dense_blocks(union, op, missing, 0.7)
+        assert sorted(p for ps, _, _ in chunks for p in ps) == sorted(missing)
+        store = _dense.DenseStore.empty(len(spans), torch.device("cpu"))
+        store.append_chunks(chunks)  # (written straight from the batched inverses)
         build = undirected_transition if undirected else transition
         operators = [build(agent_graph(union, p), cfg) for p in missing]
         want = dense_factors_many(operators, 0.7, cache=False)
-        assert len(got) == len(missing)
-        for block, f in zip(got, want):
+        for p, f in zip(missing, want):
+            block = store.data[store.start[p] : store.start[p] + store.length[p]]
             assert torch.equal(block, torch.cat([f.inverse_t.reshape(-1), f.dangling_mass]))
+        assert bool((store.data[store.used :] == 0).all())  # zero past the blocks
