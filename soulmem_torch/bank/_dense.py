@@ -18,7 +18,8 @@ it, never those of the call at hand) and compacted when dropped blocks outweigh 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,11 +127,13 @@ class DenseStore:
         :func:`cache_limit`, the least recently asked blocks not in ``keep`` are dropped
         first; compacts when dropped blocks outweigh the live ones; grows by doubling."""
         pos = self._reserve(sum(int(b.numel()) for b in blocks), keep or set())
-        for block, p in zip(blocks, positions):
-            self.data[pos : pos + block.numel()] = block
-            self.start[p], self.length[p] = pos, int(block.numel())
-            pos += int(block.numel())
-        self._written(pos)
+        placed = []
+        with self._writing():
+            for block, p in zip(blocks, positions):
+                self.data[pos : pos + block.numel()] = block
+                placed.append((p, pos, int(block.numel())))
+                pos += int(block.numel())
+        self._written(pos, placed)
 
     def append_chunks(
         self, chunks: list[tuple[list[int], Tensor, Tensor]], *, keep: set[int] | None = None
@@ -143,15 +146,16 @@ class DenseStore:
         sizes = [int(inv.shape[1]) for _, inv, _ in chunks]
         total = sum(len(ps) * (n * n + n) for (ps, _, _), n in zip(chunks, sizes))
         pos = self._reserve(total, keep or set())
-        for (ps, inverses, mass), n in zip(chunks, sizes):
-            k, size = len(ps), n * n + n
-            rows = self.data[pos : pos + k * size].view(k, size)
-            rows[:, : n * n].view(k, n, n).copy_(inverses.transpose(1, 2))
-            rows[:, n * n :].copy_(mass)
-            for i, p in enumerate(ps):
-                self.start[p], self.length[p] = pos + i * size, size
-            pos += k * size
-        self._written(pos)
+        placed = []
+        with self._writing():
+            for (ps, inverses, mass), n in zip(chunks, sizes):
+                k, size = len(ps), n * n + n
+                rows = self.data[pos : pos + k * size].view(k, size)
+                rows[:, : n * n].view(k, n, n).copy_(inverses.transpose(1, 2))
+                rows[:, n * n :].copy_(mass)
+                placed.extend((p, pos + i * size, size) for i, p in enumerate(ps))
+                pos += k * size
+        self._written(pos, placed)
 
     def _reserve(self, floats: int, keep: set[int]) -> int:
         """Room for ``floats`` more (and :data:`_SLACK` past them) after ``used``, blocks
@@ -173,11 +177,25 @@ class DenseStore:
                 self.data = grown
         return self.used
 
-    def _written(self, end: int) -> None:
-        """Blocks written up to ``end``: the buffer is zero past it again."""
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write that fails changes nothing the store reads: what it wrote past ``used``
+        is zeroed again (no block was recorded yet)."""
+        try:
+            yield
+        except BaseException:
+            self.data[self.used :].zero_()
+            self._fresh_from = None
+            raise
+
+    def _written(self, end: int, placed: list[tuple[int, int, int]]) -> None:
+        """Blocks ``placed`` (``(agent position, start, floats)``) written up to ``end``:
+        recorded, and the buffer is zero past them again."""
         if self._fresh_from is not None:
             self.data[max(end, self._fresh_from) :].zero_()
             self._fresh_from = None
+        for p, start, length in placed:
+            self.start[p], self.length[p] = start, length
         self.used = end
         self._start_t = None
 

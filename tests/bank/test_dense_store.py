@@ -386,3 +386,29 @@ def test_dense_blocks_read_off_the_union_equal_each_agents_own_factors(monkeypat
             block = store.data[store.start[p] : store.start[p] + store.length[p]]
             assert torch.equal(block, torch.cat([f.inverse_t.reshape(-1), f.dangling_mass]))
         assert bool((store.data[store.used :] == 0).all())  # zero past the blocks
+
+
+def test_a_failed_append_changes_nothing_the_store_reads() -> None:
+    """A write that fails midway (a chunk whose mass does not fit, a block of the wrong
+    dtype) records no block, keeps the earlier ones, and leaves the buffer zero past them —
+    grown or not."""
+    store = DenseStore.empty(4, torch.device("cpu"))
+    good = torch.arange(1.0, 7.0, dtype=torch.float64)  # an agent of 2 notes: 4 + 2 floats
+    store.append([good], [0])
+    before = (list(store.start), list(store.length), store.used)
+    inverses = torch.ones(2, 3, 3, dtype=torch.float64)
+    bad_mass = torch.ones(2, 4, dtype=torch.float64)  # (k, n + 1): does not fit its rows
+    for chunks in (
+        [
+            ([1, 2], inverses, torch.ones(2, 3, dtype=torch.float64)),
+            ([3], inverses[:1], bad_mass[:1]),
+        ],
+        [([1, 2, 3], torch.ones(3, 200, 200, dtype=torch.float64), bad_mass[:1].expand(3, 4))],
+    ):  # (the second grows the buffer first)
+        with pytest.raises(RuntimeError):
+            store.append_chunks(chunks)
+        assert (list(store.start), list(store.length), store.used) == before
+        assert torch.equal(store.data[: store.used], good)
+        assert bool((store.data[store.used :] == 0).all())
+    store.append_chunks([([1], inverses[:1], torch.full((1, 3), 2.0, dtype=torch.float64))])
+    assert store.data[store.start[1] : store.start[1] + 12].tolist() == [1.0] * 9 + [2.0] * 3
