@@ -46,7 +46,8 @@ SPARSE_MIN_CELLS = 1 << 20
 their memory is small, and the dense kernels have less fixed cost per call."""
 
 _CHUNK_CELLS = 1 << 22
-"""Dense cells converted at a time by :meth:`SparseRows.from_dense` (bounds the transient)."""
+"""Dense cells converted at a time by :meth:`SparseRows.from_dense` and written at a time by
+:meth:`SparseRows.write_dense` (bounds the transients)."""
 
 _PAIR_CELLS = 1 << 22
 """Gathered products per step of :func:`sparse_row_dots` (bounds its transient memory)."""
@@ -172,8 +173,14 @@ class SparseRows:
             raise ValidationError(f"out: expected shape ({p}, {d}), found {tuple(out.shape)}")
         if self.nnz:
             if out.is_contiguous():  # one flat index: ~2x faster than a (row, column) pair
-                flat, val = self._flat_cells()
-                out.view(-1).index_put_((flat,), val.to(out.dtype))
+                # ``_CHUNK_CELLS`` dense cells of rows at a time: the index of a block's cells
+                # only (a table of long texts' vectors has tens of millions of cells)
+                step = max(1, _CHUNK_CELLS // max(d, 1))
+                flat_out = out.view(-1)
+                for lo in range(0, p, step):
+                    hi = min(lo + step, p)
+                    flat, val = self.narrow(lo, hi)._flat_cells()
+                    flat_out[lo * d : hi * d].index_put_((flat,), val.to(out.dtype))
             else:
                 lo, hi, rows = self._cell_rows()
                 out[rows, self.col[lo:hi].to(torch.int64)] = self.val[lo:hi].to(out.dtype)

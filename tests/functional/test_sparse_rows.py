@@ -243,6 +243,22 @@ def test_row_norms_and_dense_copies_are_the_references_bit_for_bit(dtype) -> Non
     assert torch.equal(part.write_dense(strided), dense[4100:8500])
 
 
+@pytest.mark.parametrize("chunk", [64, 1000, 1 << 22])
+def test_write_dense_a_block_of_rows_at_a_time_is_the_whole_table(chunk, monkeypatch) -> None:
+    """``write_dense`` into a contiguous buffer writes ``_CHUNK_CELLS`` dense cells of rows at
+    a time: the same table for any block size (a row per block, blocks not dividing the rows,
+    one block), whole or narrowed, all-zero rows included."""
+    from soulmem_torch.functional import sparse_rows
+
+    monkeypatch.setattr(sparse_rows, "_CHUNK_CELLS", chunk)
+    dense = _sparse_table(37, 64, 9, seed=8)
+    table = SparseRows.from_dense(dense)
+    assert torch.equal(table.to_dense(), dense)
+    assert torch.equal(table.narrow(5, 30).to_dense(), dense[5:30])
+    out = torch.zeros(37, 64, dtype=torch.float64)
+    assert torch.equal(table.write_dense(out), dense.to(torch.float64))
+
+
 def test_divide_rows_keeps_every_cell_in_place_when_none_comes_out_zero() -> None:
     """Without a zero quotient or a row left out, ``divide_rows`` keeps the cells where
     they are (a narrowed table's too): the same table as ``from_dense`` of the dense
